@@ -1,0 +1,51 @@
+# The two commands in the README are `make demo` and `make test`; both set up
+# everything they need on a fresh machine with Python 3.11 and pip.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Pinned torch wheels: these exact versions are the ones optkit is tested on.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+FMNIST_DIR := /usr/share/datasets/fashion-mnist
+
+.PHONY: setup dev demo test test-all data bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH_PINS)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+dev: $(VENV)/.dev-installed
+
+# Fashion-MNIST comes from Debian's package; it is optional for the demo and
+# installed for the tests that use real data (skipped when apt is unavailable).
+data:
+	@if [ ! -d $(FMNIST_DIR) ]; then \
+		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+			(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null \
+				|| echo "warning: could not install dataset-fashion-mnist; real-data tests will be skipped"; \
+		else \
+			echo "note: run 'sudo apt-get install dataset-fashion-mnist' for the real-data tests"; \
+		fi; \
+	fi
+
+demo: setup
+	$(BIN)/optkit optimize torchvision:resnet18 --prune 0.3 --out runs/demo --force
+
+test: dev data
+	$(BIN)/python -m pytest
+
+test-all: dev data
+	$(BIN)/python -m pytest -m ''
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

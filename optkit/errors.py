@@ -1,0 +1,45 @@
+"""optkit's error hierarchy.
+
+User mistakes (a bad value, a missing file) surface as one of these with a
+message that says what was wrong and what to do. Failures inside a backend
+(torch-pruning, the ONNX exporter) are wrapped ``from`` the original error so
+the cause stays visible with ``--debug``.
+"""
+
+from __future__ import annotations
+
+
+class OptkitError(Exception):
+    """Base class for every error optkit raises on purpose."""
+
+
+class ModelLoadError(OptkitError):
+    """A model spec or checkpoint could not be read, or is not trusted."""
+
+
+class PassError(OptkitError):
+    """A pass failed while running inside a pipeline.
+
+    Attributes:
+        pass_name: registered name of the pass that failed.
+        completed: names of the passes that ran successfully before it.
+    """
+
+    def __init__(self, pass_name: str, completed: list[str], cause: BaseException):
+        self.pass_name = pass_name
+        self.completed = list(completed)
+        before = ", ".join(self.completed) if self.completed else "none"
+        detail = str(cause) or type(cause).__name__
+        super().__init__(f"pass '{pass_name}' failed (passes completed before it: {before}): {detail}")
+
+
+class RecipeError(OptkitError):
+    """A recipe file is malformed or names unknown passes or settings."""
+
+
+class ExportError(OptkitError):
+    """ONNX export or its verification against PyTorch failed."""
+
+
+class DataError(OptkitError):
+    """A dataset spec is unknown, or its files are missing or malformed."""

@@ -1,0 +1,111 @@
+"""Model measurements: parameters, MACs, weight sparsity, latency, file size."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+PRUNABLE_WEIGHT_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+@dataclass
+class ModelStats:
+    """Size and cost of a model at one input shape.
+
+    Attributes:
+        params: number of parameter elements.
+        macs: multiply-accumulates of one forward pass at ``input_shape``.
+        sparsity: fraction of exactly-zero elements in conv/linear weights.
+    """
+
+    params: int
+    macs: int
+    sparsity: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of parameter elements (shared parameters counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def prunable_weights(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The (name, module) pairs whose ``weight`` optkit's pruning and sparsity consider."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, PRUNABLE_WEIGHT_TYPES)]
+
+
+def weight_sparsity(model: nn.Module) -> float:
+    """Exact fraction of zero elements across all conv and linear weights."""
+    zeros = total = 0
+    for _, module in prunable_weights(model):
+        weight = module.weight.detach()
+        zeros += int((weight == 0).sum())
+        total += weight.numel()
+    return zeros / total if total else 0.0
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); CPU for stateless models."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def example_input(model: nn.Module, input_shape: Sequence[int], *, seed: int = 0) -> torch.Tensor:
+    """A reproducible random input of ``input_shape`` on the model's device."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*input_shape, generator=generator).to(model_device(model))
+
+
+def count_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """MACs of one forward pass, counted by torch-pruning's op counter on a copy in eval mode."""
+    import torch_pruning as tp
+
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            macs, _ = tp.utils.count_ops_and_params(model, example_input(model, input_shape))
+    finally:
+        model.train(was_training)
+    return int(macs)
+
+
+def measure(model: nn.Module, input_shape: Sequence[int]) -> ModelStats:
+    """Params, MACs and sparsity of ``model`` at ``input_shape``."""
+    return ModelStats(params=count_params(model), macs=count_macs(model, input_shape), sparsity=weight_sparsity(model))
+
+
+def time_callable(fn, *, warmup: int = 3, repeats: int = 20) -> dict[str, float]:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
+
+    Returns:
+        median, p90, min and max latency in milliseconds, and the spread
+        (p90 / median), so noise is reported rather than hidden.
+    """
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000.0)
+    samples.sort()
+    median = statistics.median(samples)
+    p90 = samples[min(len(samples) - 1, int(round(0.9 * (len(samples) - 1))))]
+    return {"median_ms": median, "p90_ms": p90, "min_ms": samples[0], "max_ms": samples[-1],
+            "spread": p90 / median if median else 0.0, "repeats": repeats}
+
+
+def file_size(path: str | os.PathLike) -> int:
+    """Size of a file in bytes."""
+    return os.path.getsize(path)

@@ -1,0 +1,61 @@
+"""Output folders: refuse to clobber earlier results, and publish all files or none."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from optkit.errors import OptkitError
+
+
+def prepare_output_dir(out_dir: str | os.PathLike, produced: Iterable[str], *, force: bool) -> Path:
+    """Check that ``out_dir`` can take the files a run will produce.
+
+    Raises:
+        OptkitError: if it is a file, is not writable, or already holds any of
+            ``produced`` and ``force`` is not set.
+    """
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise OptkitError(f"output folder {path} is a file; choose another --out")
+    existing = sorted(name for name in produced if (path / name).exists())
+    if existing and not force:
+        raise OptkitError(f"{path} already holds results ({', '.join(existing)}); pass --force to overwrite or choose another --out")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise OptkitError(f"cannot write to output folder {path}: {e.strerror or e}") from e
+    return path
+
+
+class StagedOutputs:
+    """Write a run's files into a hidden staging folder, then move them into place together.
+
+    Use as a context manager: files written under :attr:`staging` are moved to
+    the output folder only if the block finishes without an exception;
+    otherwise the staging folder is deleted and the output folder is unchanged.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike):
+        self.out_dir = Path(out_dir)
+        self.staging = Path(tempfile.mkdtemp(prefix=".optkit-staging-", dir=self.out_dir))
+
+    def __enter__(self) -> StagedOutputs:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                for item in sorted(self.staging.iterdir()):
+                    os.replace(item, self.out_dir / item.name)
+        finally:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def path(self, name: str) -> Path:
+        """Where to write the output file ``name`` while staging."""
+        return self.staging / name

@@ -1,0 +1,153 @@
+"""Run passes in order, name the one that fails, and record what each changed."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from optkit import recipe
+from optkit._io import write_text
+from optkit.errors import OptkitError, PassError
+from optkit.metrics import ModelStats, measure
+from optkit.passes.base import DEFAULT_INPUT_SHAPE, SHARED_SETTINGS, Pass, check_input_shape
+
+
+@dataclass
+class PassRecord:
+    """Measurements after one pass.
+
+    Attributes:
+        name: the pass's registered name.
+        seconds: wall time of the pass itself (measurement excluded).
+        stats: params, MACs and sparsity after the pass, or ``None`` when not measured.
+        details: what the pass reported (e.g. layers it left untouched).
+    """
+
+    name: str
+    seconds: float
+    stats: ModelStats | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "seconds": round(self.seconds, 4)}
+        if self.stats is not None:
+            out.update(self.stats.to_dict())
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+@dataclass
+class PipelineRun:
+    """The outcome of :meth:`Pipeline.run`."""
+
+    model: nn.Module
+    before: ModelStats | None
+    after: ModelStats | None
+    records: list[PassRecord]
+
+
+class Pipeline:
+    """An ordered list of passes with the settings they share.
+
+    Args:
+        passes: the passes to run, in order.
+        input_shape: example input shape given to every pass that takes one
+            and leaves it unset, and used to count MACs.
+        device: device given to every pass that takes one and leaves it unset.
+
+    Example::
+
+        pipeline = Pipeline([StructuredPrune(ratio=0.3)], input_shape=(1, 3, 224, 224))
+        result = pipeline.run(model)
+    """
+
+    def __init__(self, passes: Sequence[Pass], *, input_shape: Sequence[int] | None = None,
+                 device: str | None = None):
+        self.passes = list(passes)
+        self.input_shape = check_input_shape(input_shape) or DEFAULT_INPUT_SHAPE
+        self.device = device
+
+    def resolved_passes(self) -> list[Pass]:
+        """The passes with the pipeline's shared settings filled in where unset."""
+        shared = {"input_shape": self.input_shape, "device": self.device}
+        resolved = []
+        for p in self.passes:
+            names = {f.name for f in dataclasses.fields(p)}
+            fill = {k: shared[k] for k in SHARED_SETTINGS
+                    if k in names and getattr(p, k) is None and shared[k] is not None}
+            resolved.append(dataclasses.replace(p, **fill) if fill else p)
+        return resolved
+
+    def run(self, model: nn.Module, *, measure_stats: bool = True,
+            on_pass: Callable[[int, int, str], None] | None = None) -> PipelineRun:
+        """Run every pass in order.
+
+        Args:
+            model: the model; passes may change it in place.
+            measure_stats: count params, MACs and sparsity before and after each pass.
+            on_pass: called as ``on_pass(index, total, name)`` before each pass (progress).
+
+        Returns:
+            the final model, the stats before and after, and a record per pass.
+
+        Raises:
+            PassError: naming the failing pass and those that ran before it.
+        """
+        before = measure(model, self.input_shape) if measure_stats else None
+        records: list[PassRecord] = []
+        passes = self.resolved_passes()
+        for index, p in enumerate(passes):
+            if on_pass is not None:
+                on_pass(index, len(passes), p.name)
+            start = time.perf_counter()
+            try:
+                result = p.apply(model)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:
+                raise PassError(p.name, [r.name for r in records], e) from e
+            seconds = time.perf_counter() - start
+            model = result.model
+            stats = self._measure_after(p.name, model, records) if measure_stats else None
+            records.append(PassRecord(p.name, seconds, stats, result.details))
+        after = records[-1].stats if records else before
+        return PipelineRun(model, before, after, records)
+
+    def _measure_after(self, name: str, model: nn.Module, records: list[PassRecord]) -> ModelStats:
+        try:
+            return measure(model, self.input_shape)
+        except OptkitError:
+            raise
+        except Exception as e:
+            raise PassError(name, [r.name for r in records], RuntimeError(f"the model no longer runs after this pass: {e}")) from e
+
+    def to_toml(self) -> str:
+        """The pipeline as recipe TOML (see :mod:`optkit.recipe`)."""
+        return recipe.dumps(self.passes, input_shape=self.input_shape, device=self.device)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Atomically write the pipeline as a recipe file."""
+        write_text(path, self.to_toml())
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: str = "recipe") -> Pipeline:
+        """Build a pipeline from recipe TOML; only registered pass names load."""
+        parsed = recipe.parse(text, source=source)
+        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Pipeline:
+        """Build a pipeline from a recipe file."""
+        parsed = recipe.load(path)
+        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
+
+    def __repr__(self) -> str:
+        names = ", ".join(p.name for p in self.passes)
+        return f"Pipeline([{names}], input_shape={self.input_shape})"

@@ -1,0 +1,72 @@
+"""The ``optimize`` workflow: load, run a pipeline, write the slimmed model and its report."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from optkit import checkpoint
+from optkit.errors import OptkitError
+from optkit.models import LoadedModel
+from optkit.outputs import StagedOutputs, prepare_output_dir
+from optkit.pipeline import Pipeline
+from optkit.report import build_report, to_markdown
+
+OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md")
+
+
+def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
+    """Run one forward pass so a wrong input shape fails early with a clear message.
+
+    Raises:
+        OptkitError: naming the input shape and the option that sets it.
+    """
+    import torch
+
+    from optkit.metrics import example_input
+
+    model = loaded.model
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(example_input(model, input_shape))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        shape = ",".join(map(str, input_shape))
+        raise OptkitError(f"the model does not run on input shape {shape} ({first}); set --input-shape to what it expects") from e
+    finally:
+        model.train(was_training)
+
+
+def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
+             on_pass: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+    """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``.
+
+    All files appear together at the end, or none do (a failure leaves
+    ``out_dir`` as it was).
+
+    Returns:
+        the report (as written to ``report.json``).
+
+    Raises:
+        OptkitError: for an unusable output folder, a model that does not run
+            at the pipeline's input shape, or a failing pass (``PassError``).
+    """
+    out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force)
+    check_runs(loaded, pipeline.input_shape)
+    run = pipeline.run(loaded.model, on_pass=on_pass)
+    recipe_text = pipeline.to_toml()
+    with StagedOutputs(out) as staged:
+        checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
+        staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
+        files = {"model.pt": staged.path("model.pt").stat().st_size}
+        report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files)
+        if loaded.arch is None:
+            report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
+        staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        staged.path("report.md").write_text(to_markdown(report), encoding="utf-8")
+    return report
+
