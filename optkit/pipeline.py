@@ -143,6 +143,12 @@ class Pipeline:
         return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
 
     @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "recipe") -> Pipeline:
+        """Build a pipeline from an already-parsed recipe mapping (what CLI flags produce)."""
+        parsed = recipe.from_dict(data, source=source)
+        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
+
+    @classmethod
     def load(cls, path: str | os.PathLike) -> Pipeline:
         """Build a pipeline from a recipe file."""
         parsed = recipe.load(path)

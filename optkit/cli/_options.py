@@ -1,0 +1,29 @@
+"""Click callbacks shared by several commands."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+
+def parse_ratio(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Click callback: a pruning ratio in [0, 1)."""
+    if value is None:
+        return None
+    if math.isnan(value) or not 0.0 <= value < 1.0:
+        raise click.BadParameter(f"must be in [0, 1), got {value}")
+    return value
+
+
+def parse_shape(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    """Click callback: ``1,3,224,224`` -> ``(1, 3, 224, 224)``."""
+    if value is None:
+        return None
+    try:
+        shape = tuple(int(v) for v in value.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not 2 <= len(shape) <= 5 or any(v <= 0 for v in shape):
+        raise click.BadParameter(f"expected 2 to 5 positive integers like 1,3,224,224, got {value!r}")
+    return shape

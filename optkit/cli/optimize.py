@@ -1,0 +1,88 @@
+"""``optkit optimize``: build a pipeline from flags or a recipe, run it, write the results.
+
+Flags build the same structure as a recipe file (a list of ``[[pass]]``
+tables), which goes through the same strict validation, and every run writes
+the recipe it ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from optkit.cli._options import parse_ratio, parse_shape
+
+
+@click.command("optimize")
+@click.argument("model")
+@click.option("--prune", "ratio", type=float, callback=parse_ratio,
+              help="Fraction to prune, in [0, 1): channels (structured) or weights (unstructured).")
+@click.option("--method", type=click.Choice(["structured", "unstructured"]), default="structured", show_default=True,
+              help="Structured removes channels (faster); unstructured zeroes weights (sparser, not faster).")
+@click.option("--global", "global_", is_flag=True, help="Rank across all layers instead of per layer.")
+@click.option("--round-to", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Structured: keep channel counts multiples of this.")
+@click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
+              help="Structured: how channels are ranked.")
+@click.option("--input-shape", callback=parse_shape, help="Example input shape, e.g. 1,3,224,224.")
+@click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
+@click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
+@click.option("--trust", is_flag=True, help="Allow full unpickling (runs code from the file): only for files you trust.")
+@click.option("--recipe", "recipe_path", type=click.Path(dir_okay=False),
+              help="Run the passes of this TOML recipe instead of building them from flags.")
+@click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
+              help="Output folder for model.pt, recipe.toml, report.json and report.md.")
+@click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
+def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force,
+                     **flags: Any) -> None:
+    """Slim MODEL (torchvision:NAME or a checkpoint file) and write the result and a report.
+
+    Example: optkit optimize torchvision:resnet18 --prune 0.3 --out runs/demo
+    """
+    from rich.console import Console
+
+    from optkit import models, workflow
+    from optkit.report import print_report
+
+    console = Console(stderr=True)
+    pipeline = _pipeline(model, recipe_path, input_shape, flags)
+    with console.status(f"loading {model}"):
+        loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
+
+    def on_pass(index: int, total: int, name: str) -> None:
+        console.print(f"[{index + 1}/{total}] running {name}")
+
+    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass)
+    print_report(report, Console())
+    click.echo(f"Wrote {', '.join(workflow.OUTPUT_FILES)} to {out_dir}")
+
+
+def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str, Any]):
+    from optkit.models import default_input_shape
+    from optkit.pipeline import Pipeline
+
+    entries = pass_entries_from_flags(flags)
+    if recipe_path is not None:
+        if entries:
+            raise click.UsageError("give either --recipe or pass flags such as --prune, not both")
+        pipeline = Pipeline.load(recipe_path)
+        if input_shape is not None:
+            pipeline.input_shape = input_shape
+        return pipeline
+    if not entries:
+        raise click.UsageError("nothing to do: give --prune RATIO (or another pass flag) or --recipe FILE")
+    data = {"input_shape": list(input_shape or default_input_shape(model)), "pass": entries}
+    return Pipeline.from_dict(data, source="command-line flags")
+
+
+def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
+    """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
+    entries: list[dict[str, Any]] = []
+    if flags["ratio"] is not None:
+        if flags["method"] == "structured":
+            entries.append({"name": "structured_prune", "ratio": flags["ratio"], "round_to": flags["round_to"],
+                            "importance": flags["importance"], "global": flags["global_"]})
+        else:
+            entries.append({"name": "l1_unstructured", "ratio": flags["ratio"], "global": flags["global_"]})
+    return entries
