@@ -323,7 +323,10 @@ def _check_split(value: Any) -> None:
 def _data_batches(spec: str, split: str, batch_size: int, count: int) -> list[Any]:
     from optkit.data import load_dataset, make_loader
 
-    loader = make_loader(load_dataset(spec, split), batch_size, shuffle=True, seed=0, drop_last=True)
+    # No augmentation: the statistics should match what the model sees at inference.
+    # A few in-memory batches load in milliseconds, so no worker processes.
+    dataset = load_dataset(spec, split, augment=False)
+    loader = make_loader(dataset, batch_size, shuffle=True, num_workers=0, seed=0, drop_last=True)
     return list(itertools.islice(loader, count))
 
 
