@@ -16,7 +16,9 @@ Three measurements, written to benchmarks/results/batchnorm.{json,md}:
    50% (structured, L1) and its test accuracy measured before and after
    ``recalibrate_batchnorm`` with a few batch counts, before any fine-tune.
 
-Run it alone (timings): ``flock /tmp/optkit-bench.lock python benchmarks/batchnorm.py``.
+Run it alone (timings): ``flock /tmp/optkit-bench.lock python benchmarks/batchnorm.py``, or one
+part at a time with ``--only learning`` (accuracy, no lock needed) and ``--only fold`` (latency,
+under the lock); each part updates its own section of the results files.
 """
 
 from __future__ import annotations
@@ -177,34 +179,38 @@ def _randomize_bn(model: nn.Module) -> None:
 
 
 def to_markdown(results: dict) -> str:
-    t, f, r = results["training"], results["fold"], results["recalibration"]
-    lines = ["# BatchNorm passes", "", f"Command: `{results['command']}`", "",
-             f"Machine: {results['machine']}; torch {results['torch']}, {results['threads']} threads. "
-             f"Total run {results['total_s']:.0f} s.", "",
-             "## 1. Training a BN-free CNN with and without `insert_batchnorm`", "",
-             f"{t['model']}; Fashion-MNIST: {results['args']['train_size']} training images and "
-             f"{results['args']['test_size']} test images (fixed random subsets, so the run fits a few minutes on "
-             f"2 shared CPU cores); SGD momentum 0.9, lr {results['args']['lr']}, batch {results['args']['batch_size']}, "
-             f"the same initial weights and batch order for all three. BN inserted after {len(t['inserted'])} convs.", "",
+    lines = ["# BatchNorm passes", "",
+             "Sections come from separate runs (the accuracy runs need no exclusive CPU; the latency run is "
+             "taken under `flock /tmp/optkit-bench.lock`); each names its command.", ""]
+    if "learning" in results:
+        lines += _learning_markdown(results["learning"])
+    if "fold" in results:
+        lines += _fold_markdown(results["fold"])
+    return "\n".join(lines) + "\n"
+
+
+def _run_line(run: dict) -> list[str]:
+    return [f"Command: `{run['command']}`", "",
+            f"Machine: {run['machine']}; torch {run['torch']}. Run took {run['seconds']:.0f} s.", ""]
+
+
+def _learning_markdown(run: dict) -> list[str]:
+    t, r, a = run["training"], run["recalibration"], run["args"]
+    lines = ["## 1. Training a BN-free CNN with and without `insert_batchnorm`", "", *_run_line(run),
+             f"{t['model']}; Fashion-MNIST: {a['train_size']} training images and {a['test_size']} test images "
+             "(fixed random subsets, so the run fits a few minutes on 2 shared CPU cores); SGD momentum 0.9, "
+             f"lr {a['lr']}, batch {a['batch_size']}, the same initial weights and batch order for all three. "
+             f"BN inserted after {len(t['inserted'])} convs. Test accuracy:", "",
              "| epoch | plain | + insert_batchnorm (no data) | + insert_batchnorm (calibrated, 4 batches) |",
              "|---|---|---|---|"]
     arms = [t["plain"], t["insert_batchnorm"], t["insert_batchnorm_calibrated"]]
-    lines.append("| 0 (start) | " + " | ".join(f"{a['initial_test_acc']:.4f}" for a in arms) + " |")
-    for epoch, rows in enumerate(zip(*(a["epochs"] for a in arms)), start=1):
-        lines.append(f"| {epoch} | " + " | ".join(f"{r['test_acc']:.4f}" for r in rows) + " |")
-    lines += ["", "Seconds per training epoch: " + ", ".join(
+    lines.append("| 0 (start) | " + " | ".join(f"{arm['initial_test_acc']:.4f}" for arm in arms) + " |")
+    for epoch, rows in enumerate(zip(*(arm["epochs"] for arm in arms)), start=1):
+        lines.append(f"| {epoch} | " + " | ".join(f"{row['test_acc']:.4f}" for row in rows) + " |")
+    lines += ["", "Seconds per training epoch (shared CPU, indicative only): " + ", ".join(
         f"{name} {sum(e['epoch_s'] for e in arm['epochs']) / len(arm['epochs']):.0f}"
-        for name, arm in zip(("plain", "no data", "calibrated"), arms)) + "."]
-    lines += ["", "## 2. Eval latency before and after `fold_batchnorm` (torch eager, CPU, 224x224)", "",
-              "Random weights with randomized BN statistics; median of the repeats; spread = p90/median.", "",
-              "| model | batch | BN folded | BN left | before ms | after ms | speedup | rel. output error |",
-              "|---|---|---|---|---|---|---|---|"]
-    for row in f:
-        lines.append(f"| {row['model']} | {row['batch']} | {row['folded_bn']} | {row['left_bn']} | "
-                     f"{row['before_ms']:.1f} (spread {row['before_spread']:.2f}) | "
-                     f"{row['after_ms']:.1f} (spread {row['after_spread']:.2f}) | {row['speedup']:.2f}x | "
-                     f"{row['rel_err']:.1e} |")
-    lines += ["", "## 3. Recalibration after 50% structured pruning (no fine-tune)", "",
+        for name, arm in zip(("plain", "no data", "calibrated"), arms)) + ".", ""]
+    lines += ["## 3. Recalibration after 50% structured pruning (no fine-tune)", "",
               f"The model trained in section 1 with BN inserted without data, pruned with {r['method']} at ratio "
               f"{r['ratio']} ({r['params_before']} -> {r['params_after']} params); test accuracy on the same test "
               "images; recalibration batches drawn from the training split without augmentation.", "",
@@ -213,11 +219,26 @@ def to_markdown(results: dict) -> str:
               f"| pruned, stale BN statistics | {r['test_acc_pruned']:.4f} |"]
     for row in r["recalibrated"]:
         lines.append(f"| pruned, recalibrated on {row['batches']} batches ({row['images']} images) | {row['test_acc']:.4f} |")
-    return "\n".join(lines) + "\n"
+    return lines + [""]
+
+
+def _fold_markdown(run: dict) -> list[str]:
+    lines = ["## 2. Eval latency before and after `fold_batchnorm` (torch eager, CPU, 224x224)", "", *_run_line(run),
+             "Random weights with randomized BN statistics; median of the repeats; spread = p90/median.", "",
+             "| model | batch | BN folded | BN left | before ms | after ms | speedup | rel. output error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in run["rows"]:
+        lines.append(f"| {row['model']} | {row['batch']} | {row['folded_bn']} | {row['left_bn']} | "
+                     f"{row['before_ms']:.1f} (spread {row['before_spread']:.2f}) | "
+                     f"{row['after_ms']:.1f} (spread {row['after_spread']:.2f}) | {row['speedup']:.2f}x | "
+                     f"{row['rel_err']:.1e} |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("learning", "fold"),
+                        help="run one part and update its section of existing results (learning = sections 1 and 3)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train-size", type=int, default=4000)
     parser.add_argument("--test-size", type=int, default=2000)
@@ -230,21 +251,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(RESULTS / "batchnorm"), help="output path without extension")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    train_loader, calib_loader, test_loader = loaders(args)
-    training, trained_bn = bench_training(args, train_loader, calib_loader, test_loader)
-    print("recalibration after pruning", flush=True)
-    recalibration = bench_recalibration(args, trained_bn, calib_loader, test_loader)
-    print("fold latency", flush=True)
-    fold = bench_fold(args)
-    results = {"command": "python " + shlex.join(["benchmarks/batchnorm.py", *(argv if argv is not None else sys.argv[1:])]),
-               "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
-               "torch": torch.__version__, "threads": args.threads, "args": vars(args),
-               "training": training, "fold": fold, "recalibration": recalibration,
-               "total_s": time.perf_counter() - start}
-    write_text(f"{args.out}.json", json.dumps(results, indent=2) + "\n")
+    command = "python " + shlex.join(["benchmarks/batchnorm.py", *(argv if argv is not None else sys.argv[1:])])
+    json_path = Path(f"{args.out}.json")
+    results = json.loads(json_path.read_text()) if args.only and json_path.exists() else {}
+    if args.only in (None, "learning"):
+        start = time.perf_counter()
+        train_loader, calib_loader, test_loader = loaders(args)
+        training, trained_bn = bench_training(args, train_loader, calib_loader, test_loader)
+        print("recalibration after pruning", flush=True)
+        recalibration = bench_recalibration(args, trained_bn, calib_loader, test_loader)
+        results["learning"] = {"training": training, "recalibration": recalibration,
+                               **_run_info(command, args, time.perf_counter() - start)}
+    if args.only in (None, "fold"):
+        start = time.perf_counter()
+        print("fold latency", flush=True)
+        rows = bench_fold(args)
+        results["fold"] = {"rows": rows, **_run_info(command, args, time.perf_counter() - start)}
+    write_text(json_path, json.dumps(results, indent=2) + "\n")
     write_text(f"{args.out}.md", to_markdown(results))
-    print(f"wrote {args.out}.json and {args.out}.md")
+    print(f"wrote {json_path} and {args.out}.md")
+
+
+def _run_info(command: str, args, seconds: float) -> dict:
+    return {"command": command, "args": vars(args), "seconds": seconds, "torch": torch.__version__,
+            "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"}
 
 
 if __name__ == "__main__":
