@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     command = "python " + shlex.join(["benchmarks/batchnorm.py", *(argv if argv is not None else sys.argv[1:])])
     json_path = Path(f"{args.out}.json")
-    results = json.loads(json_path.read_text()) if args.only and json_path.exists() else {}
+    results: dict = {}
     if args.only in (None, "learning"):
         start = time.perf_counter()
         train_loader, calib_loader, test_loader = loaders(args)
@@ -267,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
         print("fold latency", flush=True)
         rows = bench_fold(args)
         results["fold"] = {"rows": rows, **_run_info(command, args, time.perf_counter() - start)}
+    if args.only and json_path.exists():
+        # Read just before writing: the other part may have finished meanwhile.
+        results = {**json.loads(json_path.read_text()), **results}
     write_text(json_path, json.dumps(results, indent=2) + "\n")
     write_text(f"{args.out}.md", to_markdown(results))
     print(f"wrote {json_path} and {args.out}.md")
