@@ -470,8 +470,14 @@ def _output_ndims(model: nn.Module, names: list[str], example: torch.Tensor) -> 
     import torch
 
     ndims: dict[str, int] = {}
+
+    def record(name: str):
+        def hook(module, args, output):
+            ndims.setdefault(name, output.dim())
+        return hook
+
     modules = dict(model.named_modules())
-    handles = [modules[n].register_forward_hook(lambda m, a, out, n=n: ndims.setdefault(n, out.dim())) for n in names]
+    handles = [modules[n].register_forward_hook(record(n)) for n in names]
     was_training = model.training
     try:
         model.eval()
