@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -134,8 +136,7 @@ def bench_fold(args) -> list[dict]:
                 ref, out = model(x), folded(x)
                 rel = float((out - ref).norm() / ref.norm())
                 repeats = args.repeats if batch == 1 else max(3, args.repeats // 2)
-                before = time_callable(lambda: model(x), warmup=1, repeats=repeats)
-                after = time_callable(lambda: folded(x), warmup=1, repeats=repeats)
+                before, after = _interleaved(lambda: model(x), lambda: folded(x), repeats)
             rows.append({"model": name, "batch": batch, "folded_bn": len(details["folded"]),
                          "left_bn": len(details["not_folded"]), "rel_err": rel,
                          "before_ms": before["median_ms"], "after_ms": after["median_ms"],
@@ -144,6 +145,22 @@ def bench_fold(args) -> list[dict]:
             print(f"  {name} b{batch}: {before['median_ms']:.1f} -> {after['median_ms']:.1f} ms (rel err {rel:.1e})",
                   flush=True)
     return rows
+
+
+def _interleaved(first, second, repeats: int) -> tuple[dict, dict]:
+    """Time two callables in alternating single runs, so load that drifts over time hits both alike."""
+    results: tuple[list, list] = ([], [])
+    for _ in range(repeats):
+        for fn, samples in zip((first, second), results):
+            samples.append(time_callable(fn, warmup=0 if samples else 1, repeats=1)["median_ms"])
+    return tuple(_summary(samples) for samples in results)
+
+
+def _summary(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    median = statistics.median(ordered)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return {"median_ms": median, "spread": p90 / median}
 
 
 def bench_recalibration(args, trained: nn.Module, calib_loader, test_loader) -> dict:
@@ -191,7 +208,9 @@ def to_markdown(results: dict) -> str:
 
 def _run_line(run: dict) -> list[str]:
     return [f"Command: `{run['command']}`", "",
-            f"Machine: {run['machine']}; torch {run['torch']}. Run took {run['seconds']:.0f} s.", ""]
+            f"Machine: {run['machine']}; torch {run['torch']}. Run took {run['seconds']:.0f} s; "
+            f"1-minute load average at its end: {run.get('load_average_1min_at_end', float('nan')):.1f} "
+            "(the machine's 2 cores are shared with other jobs).", ""]
 
 
 def _learning_markdown(run: dict) -> list[str]:
@@ -224,7 +243,8 @@ def _learning_markdown(run: dict) -> list[str]:
 
 def _fold_markdown(run: dict) -> list[str]:
     lines = ["## 2. Eval latency before and after `fold_batchnorm` (torch eager, CPU, 224x224)", "", *_run_line(run),
-             "Random weights with randomized BN statistics; median of the repeats; spread = p90/median.", "",
+             "Random weights with randomized BN statistics; before and after timed in alternating single runs; "
+             "median of the repeats; spread = p90/median.", "",
              "| model | batch | BN folded | BN left | before ms | after ms | speedup | rel. output error |",
              "|---|---|---|---|---|---|---|---|"]
     for row in run["rows"]:
@@ -277,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run_info(command: str, args, seconds: float) -> dict:
     return {"command": command, "args": vars(args), "seconds": seconds, "torch": torch.__version__,
+            "load_average_1min_at_end": os.getloadavg()[0],
             "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"}
 
 
