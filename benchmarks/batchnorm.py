@@ -207,9 +207,10 @@ def to_markdown(results: dict) -> str:
 
 
 def _run_line(run: dict) -> list[str]:
+    load = run.get("load_average_1min_at_end")
+    load_text = f"; 1-minute load average at its end: {load:.1f}" if load is not None else ""
     return [f"Command: `{run['command']}`", "",
-            f"Machine: {run['machine']}; torch {run['torch']}. Run took {run['seconds']:.0f} s; "
-            f"1-minute load average at its end: {run.get('load_average_1min_at_end', float('nan')):.1f} "
+            f"Machine: {run['machine']}; torch {run['torch']}. Run took {run['seconds']:.0f} s{load_text} "
             "(the machine's 2 cores are shared with other jobs).", ""]
 
 
