@@ -218,7 +218,8 @@ def _learning_markdown(run: dict) -> list[str]:
     t, r, a = run["training"], run["recalibration"], run["args"]
     lines = ["## 1. Training a BN-free CNN with and without `insert_batchnorm`", "", *_run_line(run),
              f"{t['model']}; Fashion-MNIST: {a['train_size']} training images and {a['test_size']} test images "
-             "(fixed random subsets, so the run fits a few minutes on 2 shared CPU cores); SGD momentum 0.9, "
+             "(fixed random subsets, so the run fits a few minutes on 2 shared CPU cores; training images with "
+             "the train split's random crop and flip); SGD momentum 0.9, "
              f"lr {a['lr']}, batch {a['batch_size']}, the same initial weights and batch order for all three. "
              f"BN inserted after {len(t['inserted'])} convs. Test accuracy:", "",
              "| epoch | plain | + insert_batchnorm (no data) | + insert_batchnorm (calibrated, 4 batches) |",
