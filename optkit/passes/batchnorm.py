@@ -153,7 +153,8 @@ def recalibrate_batchnorm(model: nn.Module, batches: Iterable[Any], *, num_batch
     (``momentum=None``) over the batches, with the BatchNorms in train mode and
     every other module in eval mode (dropout off), under ``torch.no_grad()``.
     Modes and momenta are restored afterwards. A BatchNorm the forward pass
-    never reaches keeps its old statistics.
+    never reaches keeps its old statistics, and so does every BatchNorm when
+    a batch fails.
 
     Args:
         model: the model, changed in place.
@@ -178,7 +179,7 @@ def recalibrate_batchnorm(model: nn.Module, batches: Iterable[Any], *, num_batch
     reached: set[str] = set()
     handles = [bn.register_forward_pre_hook(lambda m, args, name=name: reached.add(name)) for name, bn in bns.items()]
     modes = {m: m.training for m in model.modules()}
-    used = 0
+    used, finished = 0, False
     try:
         model.eval()
         for bn in bns.values():
@@ -189,6 +190,7 @@ def recalibrate_batchnorm(model: nn.Module, batches: Iterable[Any], *, num_batch
             for batch in _take(batches, num_batches):
                 model(_batch_input(batch, model))
                 used += 1
+        finished = used > 0
     finally:
         for handle in handles:
             handle.remove()
@@ -197,7 +199,8 @@ def recalibrate_batchnorm(model: nn.Module, batches: Iterable[Any], *, num_batch
         for name, bn in bns.items():
             momentum, buffers = saved[name]
             bn.momentum = momentum
-            if name not in reached or used == 0:
+            # A failed or empty run leaves every statistic as it was.
+            if name not in reached or not finished:
                 for key, value in buffers.items():
                     getattr(bn, key).copy_(value)
     if used == 0:

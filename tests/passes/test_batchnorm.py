@@ -356,6 +356,9 @@ def test_recalibrate_rejects_no_batches_and_restores_state():
     with pytest.raises(ValueError, match="no batches"):
         recalibrate_batchnorm(model, [])
     assert torch.equal(model[1].running_mean, mean)
+    with pytest.raises(ValueError, match="must be a tensor"):
+        recalibrate_batchnorm(model, [torch.randn(4, 3, 8, 8), "not a batch"])
+    assert torch.equal(model[1].running_mean, mean) and model[1].momentum == 0.1
 
 
 # --- passes, recipes, checkpoints, CLI --------------------------------------------------------
