@@ -246,7 +246,8 @@ def _learning_markdown(run: dict) -> list[str]:
 def _fold_markdown(run: dict) -> list[str]:
     lines = ["## 2. Eval latency before and after `fold_batchnorm` (torch eager, CPU, 224x224)", "", *_run_line(run),
              f"Random weights with randomized BN statistics; timing: {run.get('timing', 'all unfolded runs, then all folded runs')}; "
-             "median of the repeats; spread = p90/median.", "",
+             "median of the repeats; spread = p90/median. A speedup means something only where it is larger "
+             "than the spreads.", "",
              "| model | batch | BN folded | BN left | before ms | after ms | speedup | rel. output error |",
              "|---|---|---|---|---|---|---|---|"]
     for row in run["rows"]:
