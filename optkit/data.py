@@ -138,7 +138,9 @@ class TensorImageDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # numpy, not torch: numpy runs these small ops on one thread, while torch's
-        # intra-op threads cost more to synchronise than the work on a busy CPU.
+        # intra-op threads cost more to synchronise than the work on a busy CPU
+        # (measured: 16 ms vs 0.3 ms to scale one 256-image batch). Random draws
+        # use torch's generator, which DataLoader seeds differently in each worker.
         index = np.asarray(indices, dtype=np.int64)
         batch = self._images[index]
         if self.pad:
