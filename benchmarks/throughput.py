@@ -284,7 +284,8 @@ def markdown(report: dict) -> str:
     env, res, acc, cfg = report["environment"], report["results"], report["acceptance"], report["config"]
     lines = [
         "# Throughput on Fashion-MNIST", "",
-        f"Command: `{report['command']}`", "",
+        f"Command: `{report['command']}` from the repository root, run under "
+        "`flock /tmp/optkit-bench.lock` so no other timing benchmark overlapped it.", "",
         f"Model: ResNet-18-style (4 stages x 2 basic blocks, 3x3 stem, width {cfg['width']}) on 1x28x28; "
         f"batch {cfg['batch_size']} for training, {cfg['eval_batch_size']} for eval; "
         f"{cfg['rounds']} rounds, up to {cfg['steps']} timed steps per configuration per round, "
