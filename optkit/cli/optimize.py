@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from optkit.cli._options import parse_ratio, parse_shape
+from optkit.cli._options import parse_device, parse_ratio, parse_shape, parse_workers
 
 
 @click.command("optimize")
@@ -32,6 +32,13 @@ from optkit.cli._options import parse_ratio, parse_shape
 @click.option("--calib-data", metavar="SPEC",
               help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn and to calibrate --insert-bn.")
 @click.option("--fold-bn", is_flag=True, help="Fold BatchNorms into the preceding conv/linear layers (last pass).")
+@click.option("--device", callback=parse_device, metavar="auto|cpu|cuda|cuda:N|mps",
+              help="Move the model to this device first (auto: CUDA, then MPS, then CPU).")
+@click.option("--amp", type=click.Choice(["auto", "bf16", "fp16", "off"]),
+              help="Wrap the result in autocast: fp16 on GPUs; auto picks bf16 on a CPU only where it measures faster.")
+@click.option("--channels-last", is_flag=True, help="Store conv weights channels-last (NHWC).")
+@click.option("--workers", callback=parse_workers, metavar="auto|N",
+              help="DataLoader workers for passes that load data (auto: chosen by measurement).")
 @click.option("--input-shape", callback=parse_shape, help="Example input shape, e.g. 1,3,224,224.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
 @click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
@@ -86,6 +93,8 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
 def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
     entries: list[dict[str, Any]] = []
+    if flags.get("device") is not None:
+        entries.append({"name": "to_device", "device": flags["device"]})
     calib_data = flags.get("calib_data")
     if flags.get("recalibrate_bn") is not None and calib_data is None:
         raise click.UsageError("--recalibrate-bn needs data: add --calib-data SPEC (e.g. fashion-mnist)")
@@ -103,4 +112,21 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
         entries.append({"name": "recalibrate_batchnorm", "data": calib_data, "batches": flags["recalibrate_bn"]})
     if flags.get("fold_bn"):
         entries.append({"name": "fold_batchnorm"})
+    if flags.get("channels_last"):
+        entries.append({"name": "channels_last"})
+    if flags.get("amp") not in (None, "off"):
+        entries.append({"name": "autocast", "dtype": flags["amp"]})
+    if flags.get("workers") is not None:
+        _set_data_workers(entries, flags["workers"])
     return entries
+
+
+def _set_data_workers(entries: list[dict[str, Any]], workers: int | str) -> None:
+    """Give ``--workers`` to every pass that loads data (has a ``num_workers`` setting)."""
+    import dataclasses
+
+    from optkit.passes import get_pass
+
+    for entry in entries:
+        if any(f.name == "num_workers" for f in dataclasses.fields(get_pass(entry["name"]))):
+            entry.setdefault("num_workers", workers)
