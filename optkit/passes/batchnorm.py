@@ -218,6 +218,8 @@ class InsertBatchNorm(Pass):
         batches: how many batches of ``data`` to use, at least 1.
         batch_size: calibration batch size, at least 2.
         split: the dataset split to draw from: train, val or test.
+        num_workers: DataLoader workers, an integer >= 0 or ``"auto"`` (measured);
+            0 suits the few in-memory batches calibration needs.
         eps: the new BatchNorms' epsilon, in (0, 0.1].
         momentum: the new BatchNorms' momentum, in (0, 1].
         input_shape: example input shape, used when torch.fx cannot trace the model.
@@ -230,6 +232,7 @@ class InsertBatchNorm(Pass):
     batches: int = 4
     batch_size: int = 32
     split: str = "train"
+    num_workers: int | str = 0
     eps: float = 1e-5
     momentum: float = 0.1
     input_shape: tuple[int, ...] | None = None
@@ -239,6 +242,7 @@ class InsertBatchNorm(Pass):
         _check_count("batches", self.batches, 1)
         _check_count("batch_size", self.batch_size, 2)
         _check_split(self.split)
+        _check_workers(self.num_workers)
         self._normalize("eps", check_range("eps", self.eps, 1e-12, 0.1, high_inclusive=True))
         self._normalize("momentum", check_range("momentum", self.momentum, 1e-6, 1.0, high_inclusive=True))
         self._normalize("input_shape", check_input_shape(self.input_shape))
@@ -246,7 +250,7 @@ class InsertBatchNorm(Pass):
     def apply(self, model: nn.Module) -> PassResult:
         calibration = None
         if self.data is not None:
-            calibration = _data_batches(self.data, self.split, self.batch_size, self.batches)
+            calibration = _data_batches(self.data, self.split, self.batch_size, self.batches, self.num_workers)
         details = insert_batchnorm(model, calibration, input_shape=self.input_shape, eps=self.eps,
                                    momentum=self.momentum)
         return PassResult(model, details)
@@ -283,6 +287,7 @@ class RecalibrateBatchNorm(Pass):
         batches: number of batches, at least 1.
         batch_size: batch size, at least 2 (train-mode BatchNorm needs more than one value per channel).
         split: the dataset split to draw from: train, val or test.
+        num_workers: DataLoader workers, an integer >= 0 or ``"auto"`` (measured).
 
     Works in place; see :func:`recalibrate_batchnorm`.
     """
@@ -292,15 +297,17 @@ class RecalibrateBatchNorm(Pass):
     batches: int = 10
     batch_size: int = 32
     split: str = "train"
+    num_workers: int | str = 0
 
     def __post_init__(self):
         _check_data(self.data, required=True)
         _check_count("batches", self.batches, 1)
         _check_count("batch_size", self.batch_size, 2)
         _check_split(self.split)
+        _check_workers(self.num_workers)
 
     def apply(self, model: nn.Module) -> PassResult:
-        batches = _data_batches(self.data, self.split, self.batch_size, self.batches)
+        batches = _data_batches(self.data, self.split, self.batch_size, self.batches, self.num_workers)
         details = recalibrate_batchnorm(model, batches, num_batches=self.batches)
         details["data"] = self.data
         return PassResult(model, details)
@@ -323,13 +330,17 @@ def _check_split(value: Any) -> None:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {value!r}")
 
 
-def _data_batches(spec: str, split: str, batch_size: int, count: int) -> list[Any]:
+def _check_workers(value: Any) -> None:
+    if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"num_workers must be 'auto' or an integer >= 0, got {value!r}")
+
+
+def _data_batches(spec: str, split: str, batch_size: int, count: int, num_workers: int | str) -> list[Any]:
     from optkit.data import load_dataset, make_loader
 
     # No augmentation: the statistics should match what the model sees at inference.
-    # A few in-memory batches load in milliseconds, so no worker processes.
     dataset = load_dataset(spec, split, augment=False)
-    loader = make_loader(dataset, batch_size, shuffle=True, num_workers=0, seed=0, drop_last=True)
+    loader = make_loader(dataset, batch_size, shuffle=True, num_workers=num_workers, seed=0, drop_last=True)
     return list(itertools.islice(loader, count))
 
 

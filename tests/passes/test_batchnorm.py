@@ -375,10 +375,12 @@ def test_passes_are_registered_and_validate_settings():
         InsertBatchNorm(split="dev")
     with pytest.raises(ValueError, match="eps must be"):
         InsertBatchNorm(eps=0)
+    with pytest.raises(ValueError, match="num_workers must be 'auto' or an integer"):
+        RecalibrateBatchNorm(data="fashion-mnist", num_workers=-1)
 
 
 def test_pipeline_with_data_specs_and_recipe_round_trip():
-    pipeline = Pipeline([InsertBatchNorm(data="synthetic:64:3x16x16", batches=2, batch_size=8),
+    pipeline = Pipeline([InsertBatchNorm(data="synthetic:64:3x16x16", batches=2, batch_size=8, num_workers="auto"),
                          RecalibrateBatchNorm(data="synthetic:64:3x16x16", batches=3, batch_size=8),
                          FoldBatchNorm()], input_shape=(1, 3, 16, 16))
     assert Pipeline.from_toml(pipeline.to_toml()).to_toml() == pipeline.to_toml()
@@ -424,6 +426,8 @@ def test_optimize_flags_build_batchnorm_entries():
                                             "fold_batchnorm"]
     assert entries[0]["data"] == "fashion-mnist" and entries[2] == {
         "name": "recalibrate_batchnorm", "data": "fashion-mnist", "batches": 5}
+    with_workers = pass_entries_from_flags({**base, "recalibrate_bn": 5, "calib_data": "fashion-mnist", "workers": 2})
+    assert [e.get("num_workers") for e in with_workers] == [None, 2]
     with pytest.raises(click.UsageError, match="--calib-data"):
         pass_entries_from_flags({**base, "recalibrate_bn": 5, "calib_data": None})
     with pytest.raises(click.UsageError, match="--insert-bn and --recalibrate-bn"):
