@@ -13,6 +13,7 @@ and config, and only rank 0 writes checkpoints.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -35,6 +36,7 @@ AMP_MODES = ("auto", "off", "bf16", "fp16")
 CHECKPOINT_FORMAT = "optkit.train-checkpoint"
 # Settings a resumed run must share with the run that wrote the checkpoint, or it would not end in the same place.
 _RESUME_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup", "seed", "amp", "alpha", "temperature")
+_log = logging.getLogger(__name__)
 _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
 
@@ -506,11 +508,13 @@ class _Progress:
                              loss=loss, accuracy=accuracy, images_per_s=images_per_s)
 
     def log_epoch(self, record: dict[str, float]) -> None:
+        text = f"epoch {record['epoch']}: train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.2%}"
+        if "val_accuracy" in record:
+            text += f", val loss {record['val_loss']:.4f} acc {record['val_accuracy']:.2%}"
         if self.enabled:
-            text = f"epoch {record['epoch']}: train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.2%}"
-            if "val_accuracy" in record:
-                text += f", val loss {record['val_loss']:.4f} acc {record['val_accuracy']:.2%}"
             self._bar.console.print(text)
+        else:
+            _log.info(text)
 
     def __exit__(self, *exc) -> None:
         if self.enabled:
