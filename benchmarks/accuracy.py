@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
 import json
 import logging
 import platform
@@ -26,15 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fashion_resnet import FashionResNet  # noqa: E402
 from optkit import checkpoint, models  # noqa: E402
+from optkit.data import load_dataset  # noqa: E402
 from optkit.metrics import measure  # noqa: E402
 from optkit.passes.prune import L1Unstructured, StructuredPrune  # noqa: E402
 from optkit.train import TrainConfig, evaluate, fit  # noqa: E402
@@ -43,54 +42,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 BASELINE = RESULTS / "fashion_resnet.pt"
 ARCH = models.ArchSpec("benchmarks.fashion_resnet:FashionResNet", {"num_classes": 10})
 INPUT_SHAPE = (1, 1, 28, 28)
-FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-MEAN, STD = 0.2860, 0.3530
-VAL_SIZE = 5000
-
-
-class FashionMNIST(Dataset):
-    """Fashion-MNIST from the idx files, normalised, with optional random crop (pad 2) and flip."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augment: bool):
-        self.images, self.labels, self.augment = images, labels, augment
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int):
-        image = self.images[index]
-        if self.augment:
-            dy, dx = torch.randint(0, 5, (2,)).tolist()
-            image = torch.nn.functional.pad(image, (2, 2, 2, 2))[:, dy:dy + 28, dx:dx + 28]
-            if torch.rand(()) < 0.5:
-                image = image.flip(-1)
-        return image, self.labels[index]
-
-
-def _read_idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+DATA = "fashion-mnist"
 
 
 def load_splits() -> dict[str, Dataset]:
-    """Train (55k, augmented), val (5k held out of train) and test (10k) splits."""
-    out = {}
-    for prefix, split in (("train", "train"), ("t10k", "test")):
-        images = torch.from_numpy(_read_idx(FMNIST_DIR / f"{prefix}-images-idx3-ubyte.gz").copy())
-        labels = torch.from_numpy(_read_idx(FMNIST_DIR / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
-        images = ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1)
-        out[split] = (images, labels)
-    order = torch.randperm(len(out["train"][1]), generator=torch.Generator().manual_seed(0))
-    train_idx, val_idx = order[VAL_SIZE:], order[:VAL_SIZE]
-    images, labels = out["train"]
-    return {
-        "train": FashionMNIST(images[train_idx], labels[train_idx], augment=True),
-        "val": FashionMNIST(images[val_idx], labels[val_idx], augment=False),
-        "test": FashionMNIST(*out["test"], augment=False),
-    }
+    """Fashion-MNIST train (55k, augmented), val (5k held out of train) and test (10k) splits."""
+    return {split: load_dataset(DATA, split) for split in ("train", "val", "test")}
 
 
 def test_accuracy(model, splits) -> float:

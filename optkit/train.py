@@ -26,13 +26,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import Dataset, DistributedSampler, Subset
+
+from optkit.data import make_loader
 
 from optkit._io import atomic_path
 from optkit.errors import TrainingError
 from optkit.metrics import PRUNABLE_WEIGHT_TYPES
 
-AMP_MODES = ("auto", "off", "bf16", "fp16")
 CHECKPOINT_FORMAT = "optkit.train-checkpoint"
 # Settings a resumed run must share with the run that wrote the checkpoint, or it would not end in the same place.
 _RESUME_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup", "seed", "amp", "alpha", "temperature")
@@ -61,7 +62,9 @@ class TrainConfig:
         resume: continue from ``checkpoint`` if it exists.
         progress: show a progress bar; ``None`` shows one when stderr is a terminal.
         device: ``cpu``, ``cuda``, ``cuda:1``...; ``None`` picks CUDA when available.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes, or ``auto`` to measure (see :func:`optkit.data.make_loader`).
+            A resumed run repeats the uninterrupted one exactly when augmentation runs in the
+            main process (0 workers, what in-memory datasets get); workers draw fresh augmentations.
         keep_sparsity: keep weights that are exactly zero at the start at zero
             (so unstructured pruning survives fine-tuning).
     """
@@ -81,7 +84,7 @@ class TrainConfig:
     resume: bool = False
     progress: bool | None = None
     device: str | None = None
-    num_workers: int = 0
+    num_workers: int | str = "auto"
     keep_sparsity: bool = True
 
 
@@ -195,7 +198,7 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, device: str | torch.device | None = None,
-             amp: str = "off", num_workers: int = 0) -> dict[str, float]:
+             amp: str = "off", num_workers: int | str = 0) -> dict[str, float]:
     """Top-1 accuracy and mean cross-entropy of ``model`` on ``dataset``.
 
     Under DDP each rank evaluates its share and the sums are all-reduced, so
@@ -207,7 +210,7 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, devic
     device = resolve_device(str(device) if device is not None else None)
     rank, world = _rank_world()
     shard = Subset(dataset, range(rank, len(dataset), world)) if world > 1 else dataset
-    loader = DataLoader(shard, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    loader = make_loader(shard, batch_size, num_workers=num_workers, device=device)
     dtype = resolve_amp(amp, device)
     was_training = model.training
     model.eval()
@@ -264,6 +267,10 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
         optimizer, cosine_with_warmup(total_steps, max(1, round(config.warmup * total_steps))))
     # bf16 has fp32's exponent range, so only fp16 needs loss scaling.
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    sampler = _ResumableSampler(train_set, num_replicas=world, rank=rank, seed=config.seed)
+    # Built before a checkpoint's RNG state is restored: measuring the loader draws augmentations.
+    loader = make_loader(train_set, config.batch_size, sampler=sampler, drop_last=True, device=device,
+                         num_workers=config.num_workers, seed=config.seed)
     state = _RunState()
     if config.resume and config.checkpoint and Path(config.checkpoint).exists():
         state = _load_checkpoint(config, model, optimizer, scheduler, scaler, world)
@@ -273,11 +280,8 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
 
     with _Progress(config, rank, total_steps, state.step) as progress:
         for epoch in range(state.epoch, config.epochs):
-            sampler = _ResumableSampler(train_set, num_replicas=world, rank=rank, seed=config.seed, start=state.position)
             sampler.set_epoch(epoch)
-            loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True,
-                                num_workers=config.num_workers, pin_memory=device.type == "cuda",
-                                generator=torch.Generator().manual_seed(config.seed + epoch))
+            sampler.start = state.position
             net.train()
             started, seen = time.perf_counter(), 0
             for inputs, labels in loader:
@@ -323,8 +327,8 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
                     saver.save(state)
 
             train_stats = _all_reduced_train_stats(state, device, world)
-            val = evaluate(model, val_set, batch_size=config.batch_size * 2, device=device, amp=config.amp,
-                           num_workers=config.num_workers) if val_set is not None else None
+            val = evaluate(model, val_set, batch_size=config.batch_size * 2, device=device,
+                           amp=config.amp) if val_set is not None else None
             state.history.append({"epoch": epoch + 1, **train_stats, "lr": scheduler.get_last_lr()[0],
                                   **({"val_loss": val["loss"], "val_accuracy": val["accuracy"]} if val else {})})
             if val is None or state.best_accuracy is None or val["accuracy"] > state.best_accuracy:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from optkit.cli._options import parse_ratio, parse_shape
+from optkit.cli.finetune import data_input_shape, finetune_settings, training_options, with_run_options
 
 
 @click.command("optimize")
@@ -25,6 +26,11 @@ from optkit.cli._options import parse_ratio, parse_shape
               help="Structured: keep channel counts multiples of this.")
 @click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
               help="Structured: how channels are ranked.")
+@click.option("--iterative-steps", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Prune in this many steps whose ratios compound to --prune; with --finetune, fine-tune after each.")
+@click.option("--finetune", "finetune_data", metavar="SPEC",
+              help="Fine-tune after pruning on this dataset (fashion-mnist, imagefolder:DIR, ...); see the training flags.")
+@training_options
 @click.option("--input-shape", callback=parse_shape, help="Example input shape, e.g. 1,3,224,224.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
 @click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
@@ -44,18 +50,24 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
 
     from optkit import models, workflow
     from optkit.report import print_report
+    from optkit.train import init_distributed, is_main_process
 
     console = Console(stderr=True)
     pipeline = _pipeline(model, recipe_path, input_shape, flags)
+    init_distributed()
     with console.status(f"loading {model}"):
         loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
+    if input_shape is None and recipe_path is None and flags.get("finetune_data"):
+        pipeline.input_shape = data_input_shape(loaded.model, flags["finetune_data"])
+    with_run_options(pipeline, out_dir, resume=flags.get("resume", False))
 
     def on_pass(index: int, total: int, name: str) -> None:
         console.print(f"[{index + 1}/{total}] running {name}")
 
     report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass)
-    print_report(report, Console())
-    click.echo(f"Wrote {', '.join(workflow.OUTPUT_FILES)} to {out_dir}")
+    if is_main_process():
+        print_report(report, Console())
+        click.echo(f"Wrote {', '.join(workflow.OUTPUT_FILES)} to {out_dir}")
 
 
 def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str, Any]):
@@ -71,7 +83,7 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
             pipeline.input_shape = input_shape
         return pipeline
     if not entries:
-        raise click.UsageError("nothing to do: give --prune RATIO (or another pass flag) or --recipe FILE")
+        raise click.UsageError("nothing to do: give --prune RATIO, --finetune SPEC (or another pass flag) or --recipe FILE")
     data = {"input_shape": list(input_shape or default_input_shape(model)), "pass": entries}
     return Pipeline.from_dict(data, source="command-line flags")
 
@@ -79,10 +91,27 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
 def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
     entries: list[dict[str, Any]] = []
+    steps = flags.get("iterative_steps", 1)
+    finetune = ({"name": "finetune", "data": flags["finetune_data"], **finetune_settings(flags)}
+                if flags.get("finetune_data") else None)
     if flags["ratio"] is not None:
-        if flags["method"] == "structured":
-            entries.append({"name": "structured_prune", "ratio": flags["ratio"], "round_to": flags["round_to"],
-                            "importance": flags["importance"], "global": flags["global_"]})
-        else:
-            entries.append({"name": "l1_unstructured", "ratio": flags["ratio"], "global": flags["global_"]})
+        if finetune is not None and steps > 1:
+            # Each step removes the same fraction of what is left, so the steps compound to the total.
+            step_ratio = 1.0 - (1.0 - flags["ratio"]) ** (1.0 / steps)
+            for _ in range(steps):
+                entries += [_prune_entry(flags, step_ratio), dict(finetune)]
+            return entries
+        entry = _prune_entry(flags, flags["ratio"])
+        if steps > 1 and entry["name"] == "structured_prune":
+            entry["iterative_steps"] = steps
+        entries.append(entry)
+    if finetune is not None:
+        entries.append(finetune)
     return entries
+
+
+def _prune_entry(flags: dict[str, Any], ratio: float) -> dict[str, Any]:
+    if flags["method"] == "structured":
+        return {"name": "structured_prune", "ratio": ratio, "round_to": flags["round_to"],
+                "importance": flags["importance"], "global": flags["global_"]}
+    return {"name": "l1_unstructured", "ratio": ratio, "global": flags["global_"]}
