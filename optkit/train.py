@@ -255,7 +255,7 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
     torch.manual_seed(config.seed)
     model.to(device)
     if teacher is not None:
-        teacher.to(device).eval().requires_grad_(False)
+        teacher.to(device).eval()
 
     steps_per_epoch = _samples_per_rank(len(train_set), world) // config.batch_size
     if steps_per_epoch == 0:
