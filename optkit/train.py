@@ -327,6 +327,8 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
                     saver.save(state)
 
             train_stats = _all_reduced_train_stats(state, device, world)
+            if world > 1:
+                _broadcast_buffers(model)
             val = evaluate(model, val_set, batch_size=config.batch_size * 2, device=device,
                            amp=config.amp) if val_set is not None else None
             state.history.append({"epoch": epoch + 1, **train_stats, "lr": scheduler.get_last_lr()[0],
@@ -406,6 +408,15 @@ def _all_finite(loss: torch.Tensor, world: int) -> bool:
 
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
     return bool(finite.item())
+
+
+def _broadcast_buffers(model: nn.Module) -> None:
+    # DDP syncs buffers at the start of each forward, so after the last step every rank
+    # holds BatchNorm statistics of its own batch; take rank 0's, as DDP would next.
+    import torch.distributed as dist
+
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def _all_reduced_train_stats(state: _RunState, device: torch.device, world: int) -> dict[str, float]:
