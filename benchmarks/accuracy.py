@@ -204,6 +204,7 @@ def main() -> None:
     parser.add_argument("--baseline-only", action="store_true", help="stop after the baseline")
     parser.add_argument("--checkpoint", help="training checkpoint of the baseline (resumed if it exists)")
     parser.add_argument("--progress", action="store_true", help="show progress bars")
+    parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -219,7 +220,6 @@ def main() -> None:
         return
     configs = [(f"structured ~{t}x fewer MACs", "structured", structured_ratio(model, 1 / t)) for t in (2, 3)]
     configs += [(f"unstructured {int(r * 100)}%", "unstructured", r) for r in (0.5, 0.8)]
-    rows = [run_config(name, method, ratio, model, splits, args) for name, method, ratio in configs]
     report = {
         "command": "PYTHONPATH=. python benchmarks/accuracy.py " + " ".join(sys.argv[1:]),
         "settings": {"widths": baseline_info["widths"], "epochs": args.epochs, "lr": args.lr, "amp": args.amp,
@@ -228,16 +228,20 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
                     "processor": platform.processor() or platform.machine()},
         "baseline": baseline_info,
-        "rows": rows,
-        "seconds": round(time.perf_counter() - started, 1),
+        "rows": [],
         "notes": [
             "BN recalibration: no RecalibrateBatchNorm pass exists on this branch (issue4-batchnorm had not "
             "landed), so that column is n/a.",
             "Unstructured pruning zeroes weights but keeps dense tensors: its MACs are the baseline's.",
             "Fine-tuning keeps pruned (zero) weights at zero; structured rows remove channels physically.",
+            *args.note,
         ],
     }
-    write_results(report)
+    # Results are rewritten after each configuration, so an interrupted run keeps what it measured.
+    for name, method, ratio in configs:
+        report["rows"].append(run_config(name, method, ratio, model, splits, args))
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        write_results(report)
     logging.info("wrote %s", ", ".join(f"accuracy.{ext}" for ext in ("json", "md", "png")))
 
 
