@@ -26,6 +26,13 @@ from optkit.cli.finetune import data_input_shape, finetune_settings, training_op
               help="Structured: keep channel counts multiples of this.")
 @click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
               help="Structured: how channels are ranked.")
+@click.option("--insert-bn", is_flag=True,
+              help="Insert a function-preserving BatchNorm after every conv without a norm layer (first pass).")
+@click.option("--recalibrate-bn", type=click.IntRange(min=1), metavar="N",
+              help="Re-estimate BatchNorm statistics from N batches of --calib-data (after pruning).")
+@click.option("--calib-data", metavar="SPEC",
+              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn and to calibrate --insert-bn.")
+@click.option("--fold-bn", is_flag=True, help="Fold BatchNorms into the preceding conv/linear layers (last pass).")
 @click.option("--iterative-steps", type=click.IntRange(min=1), default=1, show_default=True,
               help="Prune in this many steps whose ratios compound to --prune; with --finetune, fine-tune after each.")
 @click.option("--finetune", "finetune_data", metavar="SPEC",
@@ -91,22 +98,33 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
 def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
     entries: list[dict[str, Any]] = []
+    calib_data = flags.get("calib_data")
+    if flags.get("recalibrate_bn") is not None and calib_data is None:
+        raise click.UsageError("--recalibrate-bn needs data: add --calib-data SPEC (e.g. fashion-mnist)")
+    if calib_data is not None and not flags.get("insert_bn") and flags.get("recalibrate_bn") is None:
+        raise click.UsageError("--calib-data is used only by --insert-bn and --recalibrate-bn; add one of them")
+    if flags.get("insert_bn"):
+        entries.append({"name": "insert_batchnorm", **({"data": calib_data} if calib_data else {})})
+    after_prune = []
+    if flags.get("recalibrate_bn") is not None:
+        after_prune.append({"name": "recalibrate_batchnorm", "data": calib_data, "batches": flags["recalibrate_bn"]})
+    if flags.get("finetune_data"):
+        after_prune.append({"name": "finetune", "data": flags["finetune_data"], **finetune_settings(flags)})
     steps = flags.get("iterative_steps", 1)
-    finetune = ({"name": "finetune", "data": flags["finetune_data"], **finetune_settings(flags)}
-                if flags.get("finetune_data") else None)
-    if flags["ratio"] is not None:
-        if finetune is not None and steps > 1:
-            # Each step removes the same fraction of what is left, so the steps compound to the total.
-            step_ratio = 1.0 - (1.0 - flags["ratio"]) ** (1.0 / steps)
-            for _ in range(steps):
-                entries += [_prune_entry(flags, step_ratio), dict(finetune)]
-            return entries
-        entry = _prune_entry(flags, flags["ratio"])
-        if steps > 1 and entry["name"] == "structured_prune":
-            entry["iterative_steps"] = steps
-        entries.append(entry)
-    if finetune is not None:
-        entries.append(finetune)
+    if flags["ratio"] is not None and steps > 1 and flags.get("finetune_data"):
+        # Each step removes the same fraction of what is left, so the steps compound to the total.
+        step_ratio = 1.0 - (1.0 - flags["ratio"]) ** (1.0 / steps)
+        for _ in range(steps):
+            entries += [_prune_entry(flags, step_ratio), *(dict(e) for e in after_prune)]
+    else:
+        if flags["ratio"] is not None:
+            entry = _prune_entry(flags, flags["ratio"])
+            if steps > 1 and entry["name"] == "structured_prune":
+                entry["iterative_steps"] = steps
+            entries.append(entry)
+        entries += after_prune
+    if flags.get("fold_bn"):
+        entries.append({"name": "fold_batchnorm"})
     return entries
 
 

@@ -22,6 +22,9 @@ _PASSES: dict[str, str] = {
     "finetune": "optkit.passes.finetune:FineTune",
     "l1_unstructured": "optkit.passes.prune:L1Unstructured",
     "structured_prune": "optkit.passes.prune:StructuredPrune",
+    "insert_batchnorm": "optkit.passes.batchnorm:InsertBatchNorm",
+    "fold_batchnorm": "optkit.passes.batchnorm:FoldBatchNorm",
+    "recalibrate_batchnorm": "optkit.passes.batchnorm:RecalibrateBatchNorm",
 }
 
 
