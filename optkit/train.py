@@ -298,7 +298,7 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
                 if not _all_finite(loss, world):
                     raise TrainingError(
                         f"the loss became {loss.item()} at epoch {epoch + 1}, step {state.step + 1} "
-                        f"(lr {scheduler.get_last_lr()[0]:.3g}); lower --lr or turn off --amp. "
+                        f"(lr {scheduler.get_last_lr()[0]:.3g}); lower --lr{' or turn off --amp' if dtype else ''}. "
                         + (f"The last checkpoint {config.checkpoint} is intact" if saver.saved
                            else "No checkpoint was written"))
                 optimizer.zero_grad(set_to_none=True)

@@ -127,3 +127,16 @@ def test_cli_distill_without_teacher_is_a_usage_error():
     result = CliRunner().invoke(main, ["finetune", "torchvision:resnet18", "--data", DATA, "--distill"])
     assert result.exit_code == 2
     assert "--distill needs --teacher" in result.output
+
+
+def test_cli_finetune_resume_of_a_finished_run_gives_the_same_model(tmp_path):
+    args = ["finetune", "torchvision:mobilenet_v3_small", "--num-classes", "4", "--data", "synthetic:32:3x32x32:4",
+            "--epochs", "1", "--batch-size", "16", "--num-workers", "0", "--out", str(tmp_path)]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "Best validation accuracy" in first.output
+    trained = models.load_model(tmp_path / "model.pt").state_dict()
+    again = CliRunner().invoke(main, [*args, "--resume", "--force"])
+    assert again.exit_code == 0, again.output
+    for key, value in models.load_model(tmp_path / "model.pt").state_dict().items():
+        assert torch.equal(value, trained[key]), key
