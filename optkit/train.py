@@ -252,7 +252,6 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
     rank, world = init_distributed()
     device = resolve_device(config.device)
     dtype = resolve_amp(config.amp, device)
-    torch.manual_seed(config.seed)
     model.to(device)
     if teacher is not None:
         teacher.to(device).eval()
@@ -268,9 +267,11 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, config: T
     # bf16 has fp32's exponent range, so only fp16 needs loss scaling.
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     sampler = _ResumableSampler(train_set, num_replicas=world, rank=rank, seed=config.seed)
-    # Built before a checkpoint's RNG state is restored: measuring the loader draws augmentations.
     loader = make_loader(train_set, config.batch_size, sampler=sampler, drop_last=True, device=device,
                          num_workers=config.num_workers, seed=config.seed)
+    # Seeded after the loader is measured (which draws a timing-dependent number of
+    # augmentations) and before a checkpoint's RNG state is restored.
+    torch.manual_seed(config.seed)
     state = _RunState()
     if config.resume and config.checkpoint and Path(config.checkpoint).exists():
         state = _load_checkpoint(config, model, optimizer, scheduler, scaler, world)
