@@ -497,11 +497,12 @@ def _load_checkpoint(config: TrainConfig, model, optimizer, scheduler, scaler, w
 
 
 class _Progress:
-    """A rich progress bar on stderr with loss, accuracy and images/s; a no-op when disabled."""
+    """A rich progress bar on stderr with loss, accuracy and images/s; without one, epoch summaries go to the log."""
 
     def __init__(self, config: TrainConfig, rank: int, total: int, completed: int):
         enabled = config.progress if config.progress is not None else sys.stderr.isatty()
         self.enabled = bool(enabled) and rank == 0
+        self.rank = rank
         self.total, self.completed, self.epochs = total, completed, config.epochs
 
     def __enter__(self) -> _Progress:
@@ -529,7 +530,7 @@ class _Progress:
             text += f", val loss {record['val_loss']:.4f} acc {record['val_accuracy']:.2%}"
         if self.enabled:
             self._bar.console.print(text)
-        else:
+        elif self.rank == 0:
             _log.info(text)
 
     def __exit__(self, *exc) -> None:

@@ -69,6 +69,18 @@ def training_options(command):
     return command
 
 
+def show_epoch_lines() -> None:
+    """Print each epoch's summary on stderr when there is no progress bar (not a terminal, other ranks)."""
+    import logging
+
+    logger = logging.getLogger("optkit.train")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def finetune_settings(flags: dict[str, Any]) -> dict[str, Any]:
     """The ``finetune`` recipe settings given by the training flags."""
     return {key: flags[key] for key in TRAINING_SETTINGS}
@@ -136,6 +148,7 @@ def finetune_command(model: str, data: str, teacher_spec, input_shape, device, n
     if flags["distill"] and teacher_spec is None:
         raise click.UsageError("--distill needs --teacher MODEL (the model before pruning)")
     init_distributed()
+    show_epoch_lines()
     console = Console(stderr=True)
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
     teacher = models.load_model(teacher_spec, arch=arch, num_classes=num_classes, trust=trust) if teacher_spec else None

@@ -12,7 +12,13 @@ from typing import Any
 import click
 
 from optkit.cli._options import parse_ratio, parse_shape
-from optkit.cli.finetune import data_input_shape, finetune_settings, training_options, with_run_options
+from optkit.cli.finetune import (
+    data_input_shape,
+    finetune_settings,
+    show_epoch_lines,
+    training_options,
+    with_run_options,
+)
 
 
 @click.command("optimize")
@@ -62,6 +68,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     console = Console(stderr=True)
     pipeline = _pipeline(model, recipe_path, input_shape, flags)
     init_distributed()
+    show_epoch_lines()
     with console.status(f"loading {model}"):
         loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
     if input_shape is None and recipe_path is None and flags.get("finetune_data"):
