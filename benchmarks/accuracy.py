@@ -9,8 +9,8 @@ Run from the repository root::
 
     PYTHONPATH=. python benchmarks/accuracy.py
 
-Writes ``benchmarks/results/accuracy.{json,md,png}``; the baseline is saved as
-``benchmarks/results/fashion_resnet.pt`` (an optkit slimmed checkpoint) and
+Writes ``benchmarks/results/accuracy.{json,md,png}`` (``--name`` changes the
+stem); the baseline is saved as ``benchmarks/results/fashion_resnet.pt`` (an optkit slimmed checkpoint) and
 reused by later runs unless ``--retrain`` is given.
 """
 
@@ -138,11 +138,11 @@ def run_config(name: str, method: str, ratio: float, model, splits, args) -> dic
     return row
 
 
-def write_results(report: dict) -> None:
+def write_results(report: dict, name: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / "accuracy.json", json.dumps(report, indent=2) + "\n")
-    write_text(RESULTS / "accuracy.md", to_markdown(report))
-    plot(report, RESULTS / "accuracy.png")
+    write_text(RESULTS / f"{name}.json", json.dumps(report, indent=2) + "\n")
+    write_text(RESULTS / f"{name}.md", to_markdown(report))
+    plot(report, RESULTS / f"{name}.png")
 
 
 def to_markdown(report: dict) -> str:
@@ -214,6 +214,7 @@ def main() -> None:
     parser.add_argument("--baseline-only", action="store_true", help="stop after the baseline")
     parser.add_argument("--checkpoint", help="training checkpoint of the baseline (resumed if it exists)")
     parser.add_argument("--progress", action="store_true", help="show progress bars")
+    parser.add_argument("--name", default="accuracy", help="results file names: NAME.json, NAME.md, NAME.png")
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -251,8 +252,8 @@ def main() -> None:
     for name, method, ratio in configs:
         report["rows"].append(run_config(name, method, ratio, model, splits, args))
         report["seconds"] = round(time.perf_counter() - started, 1)
-        write_results(report)
-    logging.info("wrote %s", ", ".join(f"accuracy.{ext}" for ext in ("json", "md", "png")))
+        write_results(report, args.name)
+    logging.info("wrote %s", ", ".join(f"{args.name}.{ext}" for ext in ("json", "md", "png")))
 
 
 if __name__ == "__main__":
