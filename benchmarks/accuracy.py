@@ -2,16 +2,19 @@
 
 Trains (or reloads) a small ResNet-style baseline on Fashion-MNIST, then for
 structured pruning at about 2× and 3× fewer MACs and unstructured pruning at
-50% / 80% reports test accuracy after pruning, after fine-tuning, and after
-fine-tuning with distillation from the unpruned model, with MACs and params.
+50% / 80% reports test accuracy after pruning, after BatchNorm recalibration,
+after fine-tuning, and after fine-tuning with distillation from the unpruned
+model, with MACs and params.
 
 Run from the repository root::
 
     PYTHONPATH=. python benchmarks/accuracy.py
 
 Writes ``benchmarks/results/accuracy.{json,md,png}`` (``--name`` changes the
-stem); the baseline is saved as ``benchmarks/results/fashion_resnet.pt`` (an optkit slimmed checkpoint) and
-reused by later runs unless ``--retrain`` is given.
+stem); the baseline is saved as ``benchmarks/results/fashion_resnet.pt`` (an
+optkit slimmed checkpoint) and reused by later runs unless ``--retrain`` is
+given. Defaults are the full run; ``--widths``, ``--baseline-epochs``,
+``--train-size`` and ``--test-size`` scale it down for a busy machine.
 """
 
 from __future__ import annotations
