@@ -120,8 +120,9 @@ class FineTune(Pass):
         info = dataset_info(self.data)
         shape = self.input_shape or (1, info.channels, *info.image_size)
         _check_classes(model, shape, info.num_classes, self.data)
-        train_set = _adapted(load_dataset(self.data, "train", seed=self.seed), shape)
-        val_set = _adapted(load_dataset(self.data, "val", seed=self.seed), shape)
+        # The held-out val images stay the same whatever the training seed.
+        train_set = _adapted(load_dataset(self.data, "train"), shape)
+        val_set = _adapted(load_dataset(self.data, "val"), shape)
         config = TrainConfig(
             epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
             warmup=self.warmup, grad_clip=self.grad_clip, amp=self.amp, alpha=self.alpha,
