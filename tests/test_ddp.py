@@ -71,7 +71,7 @@ def test_torchrun_prune_and_finetune_writes_once(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
                f"--master_port={_free_port()}", "-m", "optkit", "optimize", "torchvision:mobilenet_v3_small",
                "--num-classes", "4", "--prune", "0.3", "--finetune", "synthetic:64:3x32x32:4", "--epochs", "1",
-               "--batch-size", "8", "--num-workers", "0", "--out", str(out)]
+               "--batch-size", "8", "--workers", "0", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

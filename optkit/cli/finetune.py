@@ -13,23 +13,11 @@ from typing import Any
 
 import click
 
-from optkit.cli._options import parse_shape
+from optkit.cli._options import parse_shape, parse_workers
 
 #: The ``finetune`` pass settings the training flags set (flag name -> pass setting).
-TRAINING_SETTINGS = ("epochs", "batch_size", "lr", "weight_decay", "warmup", "grad_clip", "amp", "distill",
-                     "temperature", "alpha", "seed", "checkpoint_every", "num_workers")
-
-
-def _parse_workers(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        workers = int(value)
-    except ValueError:
-        workers = -1
-    if workers < 0:
-        raise click.BadParameter(f"must be 'auto' or an integer >= 0, got {value!r}")
-    return workers
+TRAINING_SETTINGS = ("epochs", "batch_size", "lr", "weight_decay", "warmup", "grad_clip", "distill",
+                     "temperature", "alpha", "seed", "checkpoint_every")
 
 
 def training_options(command):
@@ -47,8 +35,9 @@ def training_options(command):
                      help="Fine-tune: fraction of steps spent warming the learning rate up."),
         click.option("--grad-clip", type=click.FloatRange(min=0), default=1.0, show_default=True,
                      help="Fine-tune: clip the gradient norm to this (0 disables)."),
-        click.option("--amp", type=click.Choice(["auto", "off", "bf16", "fp16"]), default="auto", show_default=True,
-                     help="Fine-tune: autocast precision; auto is bf16/fp16 on CUDA and off on CPU."),
+        click.option("--train-amp", type=click.Choice(["auto", "off", "bf16", "fp16"]), default="auto",
+                     show_default=True,
+                     help="Fine-tune: autocast while training; auto is bf16/fp16 on CUDA and off on CPU."),
         click.option("--distill", is_flag=True,
                      help="Fine-tune: also learn from the model before pruning (knowledge distillation)."),
         click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
@@ -59,8 +48,6 @@ def training_options(command):
                      help="Fine-tune: seed for data order and training randomness."),
         click.option("--checkpoint-every", type=click.IntRange(min=0), default=200, show_default=True,
                      help="Fine-tune: checkpoint every N steps as well as at each epoch end (0: epoch ends only)."),
-        click.option("--num-workers", default="auto", show_default=True, callback=_parse_workers,
-                     help="Fine-tune: data-loading processes, or 'auto' to measure."),
         click.option("--resume", is_flag=True,
                      help="Fine-tune: continue from the checkpoint in --out after an interruption."),
     ]
@@ -82,8 +69,8 @@ def show_epoch_lines() -> None:
 
 
 def finetune_settings(flags: dict[str, Any]) -> dict[str, Any]:
-    """The ``finetune`` recipe settings given by the training flags."""
-    return {key: flags[key] for key in TRAINING_SETTINGS}
+    """The ``finetune`` recipe settings given by the training flags (``--workers`` is handled by the caller)."""
+    return {**{key: flags[key] for key in TRAINING_SETTINGS}, "amp": flags["train_amp"]}
 
 
 def data_input_shape(model, data: str) -> tuple[int, int, int, int]:
@@ -126,14 +113,16 @@ def with_run_options(pipeline, out_dir: str, *, resume: bool, teacher=None):
               help="Model input, e.g. 1,3,28,28; samples are repeated to its channels and resized to its size. "
                    "Default: the data's image size with the model's input channels.")
 @click.option("--device", help="Training device (cpu, cuda, cuda:1); default CUDA when available.")
+@click.option("--workers", callback=parse_workers, metavar="auto|N",
+              help="DataLoader workers (auto: chosen by measurement).")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
 @click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
 @click.option("--trust", is_flag=True, help="Allow full unpickling (runs code from the file): only for files you trust.")
 @click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
               help="Output folder for model.pt, recipe.toml, report.json, report.md and finetune.ckpt.")
 @click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
-def finetune_command(model: str, data: str, teacher_spec, input_shape, device, num_classes, arch, trust, out_dir,
-                     force, **flags: Any) -> None:
+def finetune_command(model: str, data: str, teacher_spec, input_shape, device, workers, num_classes, arch, trust,
+                     out_dir, force, **flags: Any) -> None:
     """Fine-tune MODEL on --data and write the trained model and a report.
 
     Example: optkit finetune runs/pruned/model.pt --data fashion-mnist --epochs 2 --distill --teacher base.pt
@@ -156,6 +145,8 @@ def finetune_command(model: str, data: str, teacher_spec, input_shape, device, n
     entry = {"name": "finetune", "data": data, **finetune_settings(flags)}
     if device is not None:
         entry["device"] = device
+    if workers is not None:
+        entry["num_workers"] = workers
     pipeline = Pipeline.from_dict({"input_shape": list(shape), "pass": [entry]}, source="command-line flags")
     with_run_options(pipeline, out_dir, resume=flags["resume"], teacher=teacher)
     report = workflow.optimize(loaded, pipeline, out_dir, force=force,

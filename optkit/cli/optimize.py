@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from optkit.cli._options import parse_ratio, parse_shape
+from optkit.cli._options import parse_device, parse_ratio, parse_shape, parse_workers
 from optkit.cli.finetune import (
     data_input_shape,
     finetune_settings,
@@ -32,6 +32,13 @@ from optkit.cli.finetune import (
               help="Structured: keep channel counts multiples of this.")
 @click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
               help="Structured: how channels are ranked.")
+@click.option("--device", callback=parse_device, metavar="auto|cpu|cuda|cuda:N|mps",
+              help="Move the model to this device first (auto: CUDA, then MPS, then CPU).")
+@click.option("--amp", type=click.Choice(["auto", "bf16", "fp16", "off"]),
+              help="Wrap the result in autocast: fp16 on GPUs; auto picks bf16 on a CPU only where it measures faster.")
+@click.option("--channels-last", is_flag=True, help="Store conv weights channels-last (NHWC).")
+@click.option("--workers", callback=parse_workers, metavar="auto|N",
+              help="DataLoader workers for passes that load data (auto: chosen by measurement).")
 @click.option("--insert-bn", is_flag=True,
               help="Insert a function-preserving BatchNorm after every conv without a norm layer (first pass).")
 @click.option("--recalibrate-bn", type=click.IntRange(min=1), metavar="N",
@@ -105,6 +112,8 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
 def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
     entries: list[dict[str, Any]] = []
+    if flags.get("device") is not None:
+        entries.append({"name": "to_device", "device": flags["device"]})
     calib_data = flags.get("calib_data")
     if flags.get("recalibrate_bn") is not None and calib_data is None:
         raise click.UsageError("--recalibrate-bn needs data: add --calib-data SPEC (e.g. fashion-mnist)")
@@ -116,7 +125,10 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     if flags.get("recalibrate_bn") is not None:
         after_prune.append({"name": "recalibrate_batchnorm", "data": calib_data, "batches": flags["recalibrate_bn"]})
     if flags.get("finetune_data"):
-        after_prune.append({"name": "finetune", "data": flags["finetune_data"], **finetune_settings(flags)})
+        finetune = {"name": "finetune", "data": flags["finetune_data"], **finetune_settings(flags)}
+        if flags.get("device") not in (None, "auto"):
+            finetune["device"] = flags["device"]
+        after_prune.append(finetune)
     steps = flags.get("iterative_steps", 1)
     if flags["ratio"] is not None and steps > 1 and flags.get("finetune_data"):
         # Each step removes the same fraction of what is left, so the steps compound to the total.
@@ -132,6 +144,12 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
         entries += after_prune
     if flags.get("fold_bn"):
         entries.append({"name": "fold_batchnorm"})
+    if flags.get("channels_last"):
+        entries.append({"name": "channels_last"})
+    if flags.get("amp") not in (None, "off"):
+        entries.append({"name": "autocast", "dtype": flags["amp"]})
+    if flags.get("workers") is not None:
+        _set_data_workers(entries, flags["workers"])
     return entries
 
 
@@ -140,3 +158,14 @@ def _prune_entry(flags: dict[str, Any], ratio: float) -> dict[str, Any]:
         return {"name": "structured_prune", "ratio": ratio, "round_to": flags["round_to"],
                 "importance": flags["importance"], "global": flags["global_"]}
     return {"name": "l1_unstructured", "ratio": ratio, "global": flags["global_"]}
+
+
+def _set_data_workers(entries: list[dict[str, Any]], workers: int | str) -> None:
+    """Give ``--workers`` to every pass that loads data (has a ``num_workers`` setting)."""
+    import dataclasses
+
+    from optkit.passes import get_pass
+
+    for entry in entries:
+        if any(f.name == "num_workers" for f in dataclasses.fields(get_pass(entry["name"]))):
+            entry.setdefault("num_workers", workers)

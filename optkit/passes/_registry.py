@@ -25,6 +25,9 @@ _PASSES: dict[str, str] = {
     "insert_batchnorm": "optkit.passes.batchnorm:InsertBatchNorm",
     "fold_batchnorm": "optkit.passes.batchnorm:FoldBatchNorm",
     "recalibrate_batchnorm": "optkit.passes.batchnorm:RecalibrateBatchNorm",
+    "to_device": "optkit.passes.device:ToDevice",
+    "channels_last": "optkit.passes.device:ChannelsLast",
+    "autocast": "optkit.passes.precision:Autocast",
 }
 
 

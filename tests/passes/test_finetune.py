@@ -98,12 +98,13 @@ def test_grayscale_data_is_adapted_to_an_rgb_model_of_another_size():
 def test_iterative_steps_compound_to_the_total_ratio():
     flags = {"ratio": 0.5, "method": "structured", "round_to": 8, "importance": "l1", "global_": False,
              "iterative_steps": 3, "finetune_data": DATA, "epochs": 1, "batch_size": 8, "lr": 1e-3,
-             "weight_decay": 0.05, "warmup": 0.05, "grad_clip": 1.0, "amp": "auto", "distill": True,
-             "temperature": 4.0, "alpha": 0.5, "seed": 0, "checkpoint_every": 0, "num_workers": 0}
+             "weight_decay": 0.05, "warmup": 0.05, "grad_clip": 1.0, "train_amp": "auto", "distill": True,
+             "temperature": 4.0, "alpha": 0.5, "seed": 0, "checkpoint_every": 0, "workers": 0}
     entries = pass_entries_from_flags(flags)
     assert [e["name"] for e in entries] == ["structured_prune", "finetune"] * 3
     kept = math.prod(1 - e["ratio"] for e in entries if e["name"] == "structured_prune")
     assert kept == pytest.approx(0.5, rel=1e-12)
+    assert all(e["num_workers"] == 0 and e["amp"] == "auto" for e in entries if e["name"] == "finetune")
     Pipeline.from_dict({"pass": entries})
 
 
@@ -111,7 +112,7 @@ def test_cli_prune_then_finetune_writes_a_model_that_reloads(tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, [
         "optimize", "torchvision:mobilenet_v3_small", "--num-classes", "4", "--prune", "0.3",
-        "--finetune", "synthetic:32:3x32x32:4", "--epochs", "1", "--batch-size", "16", "--num-workers", "0",
+        "--finetune", "synthetic:32:3x32x32:4", "--epochs", "1", "--batch-size", "16", "--workers", "0",
         "--distill", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert (out / "finetune.ckpt").exists()
@@ -131,7 +132,7 @@ def test_cli_distill_without_teacher_is_a_usage_error():
 
 def test_cli_finetune_resume_of_a_finished_run_gives_the_same_model(tmp_path):
     args = ["finetune", "torchvision:mobilenet_v3_small", "--num-classes", "4", "--data", "synthetic:32:3x32x32:4",
-            "--epochs", "1", "--batch-size", "16", "--num-workers", "0", "--out", str(tmp_path)]
+            "--epochs", "1", "--batch-size", "16", "--workers", "0", "--out", str(tmp_path)]
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output
     assert "Best validation accuracy" in first.output
