@@ -62,6 +62,9 @@ def _register_commands() -> None:
     from optkit.cli.optimize import optimize_command
 
     main.add_command(optimize_command)
+    from optkit.cli.export import export_command
+
+    main.add_command(export_command)
 
 
 _register_commands()
