@@ -194,7 +194,12 @@ def prepare_for_export(model: nn.Module) -> nn.Module:
 
     from optkit.checkpoint import unwrap
 
-    prepared = copy.deepcopy(unwrap(model))
+    model = unwrap(model)
+    # A pruned weight is a computed (non-leaf) tensor, which deepcopy refuses: copy it detached.
+    memo = {id(getattr(m, hook._tensor_name)): getattr(m, hook._tensor_name).detach().clone()
+            for m in model.modules() for hook in m._forward_pre_hooks.values()
+            if isinstance(hook, prune.BasePruningMethod)}
+    prepared = copy.deepcopy(model, memo)
     for module in prepared.modules():
         for hook in list(module._forward_pre_hooks.values()):
             if isinstance(hook, prune.BasePruningMethod):
@@ -203,8 +208,8 @@ def prepare_for_export(model: nn.Module) -> nn.Module:
 
 
 def gzip_size(path: str | os.PathLike) -> int:
-    """Bytes of ``path`` compressed with zlib's default level (what ``gzip FILE`` gets, minus its ~18-byte header)."""
-    compressor = zlib.compressobj(6)
+    """Bytes of ``path`` after gzip at its default level 6 (as ``gzip.compress(data)`` with no file name)."""
+    compressor = _gzip_compressor()
     total = 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -216,11 +221,11 @@ def weights_sizes(model: nn.Module) -> dict[str, int]:
     """Raw and compressed bytes of a model's parameters and buffers (as fp32/their dtype, contiguous).
 
     Returns:
-        ``{"weights": raw bytes, "weights_gzip": bytes after zlib's default level}``.
+        ``{"weights": raw bytes, "weights_gzip": bytes after gzip at its default level}``.
     """
     from optkit.checkpoint import unwrap
 
-    compressor = zlib.compressobj(6)
+    compressor = _gzip_compressor()
     raw = compressed = 0
     for tensor in unwrap(model).state_dict().values():
         data = tensor.detach().cpu().contiguous().numpy().tobytes()
@@ -228,6 +233,10 @@ def weights_sizes(model: nn.Module) -> dict[str, int]:
         compressed += len(compressor.compress(data))
     compressed += len(compressor.flush())
     return {"weights": raw, "weights_gzip": compressed}
+
+
+def _gzip_compressor():
+    return zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: gzip container
 
 
 def _export_once(model: nn.Module, out: Path, shape: tuple[int, ...], exporter: str, *, opset: int,

@@ -58,9 +58,15 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     Raises:
         OptkitError: for an unusable output folder, a model that does not run
             at the pipeline's input shape, or a failing pass (``PassError``).
+        ExportError: when the exported model does not verify (nothing is written).
     """
-    out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force)
+    if export is not None and export not in EXPORT_FORMATS:
+        raise OptkitError(f"unknown export format {export!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    produced = OUTPUT_FILES + (("model.onnx",) if export else ())
+    out = prepare_output_dir(out_dir, produced, force=force)
     check_runs(loaded, pipeline.input_shape)
+    # Measured now: the passes change the model in place.
+    weights_before = weights_sizes(loaded.model) if export else None
     run = pipeline.run(loaded.model, on_pass=on_pass)
     recipe_text = pipeline.to_toml()
     with StagedOutputs(out) as staged:
@@ -79,7 +85,6 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         staged.path("report.md").write_text(to_markdown(report), encoding="utf-8")
     return report
-
 
 
 def _export_onnx(model, path, input_shape: tuple[int, ...], weights_before: dict[str, int]) -> dict[str, Any]:
