@@ -25,6 +25,13 @@ from optkit.cli._options import parse_ratio, parse_shape
               help="Structured: keep channel counts multiples of this.")
 @click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
               help="Structured: how channels are ranked.")
+@click.option("--insert-bn", is_flag=True,
+              help="Insert a function-preserving BatchNorm after every conv without a norm layer (first pass).")
+@click.option("--recalibrate-bn", type=click.IntRange(min=1), metavar="N",
+              help="Re-estimate BatchNorm statistics from N batches of --calib-data (after pruning).")
+@click.option("--calib-data", metavar="SPEC",
+              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn and to calibrate --insert-bn.")
+@click.option("--fold-bn", is_flag=True, help="Fold BatchNorms into the preceding conv/linear layers (last pass).")
 @click.option("--input-shape", callback=parse_shape, help="Example input shape, e.g. 1,3,224,224.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
 @click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
@@ -81,10 +88,21 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
 def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
     entries: list[dict[str, Any]] = []
+    calib_data = flags.get("calib_data")
+    if flags.get("recalibrate_bn") is not None and calib_data is None:
+        raise click.UsageError("--recalibrate-bn needs data: add --calib-data SPEC (e.g. fashion-mnist)")
+    if calib_data is not None and not flags.get("insert_bn") and flags.get("recalibrate_bn") is None:
+        raise click.UsageError("--calib-data is used only by --insert-bn and --recalibrate-bn; add one of them")
+    if flags.get("insert_bn"):
+        entries.append({"name": "insert_batchnorm", **({"data": calib_data} if calib_data else {})})
     if flags["ratio"] is not None:
         if flags["method"] == "structured":
             entries.append({"name": "structured_prune", "ratio": flags["ratio"], "round_to": flags["round_to"],
                             "importance": flags["importance"], "global": flags["global_"]})
         else:
             entries.append({"name": "l1_unstructured", "ratio": flags["ratio"], "global": flags["global_"]})
+    if flags.get("recalibrate_bn") is not None:
+        entries.append({"name": "recalibrate_batchnorm", "data": calib_data, "batches": flags["recalibrate_bn"]})
+    if flags.get("fold_bn"):
+        entries.append({"name": "fold_batchnorm"})
     return entries
