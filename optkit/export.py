@@ -8,10 +8,10 @@ the graph, then checks the file with ``onnx.checker`` and compares ONNX
 Runtime's outputs with PyTorch's at two batch sizes. Only a verified file is
 moved into place; on any failure nothing is left behind.
 
-BatchNorm is not folded by optkit here: the TorchScript exporter folds
-Conv+BatchNorm pairs in eval mode while constant folding, and ONNX Runtime
-fuses the remaining ones when it loads the graph. ``batchnorm_nodes`` in the
-result says how many are left in the file.
+BatchNorms fed by a conv or linear layer are folded into it first
+(:func:`optkit.passes.batchnorm.fold_batchnorm`); the rest (a BN before a
+conv, as in densenet) stay, and ONNX Runtime fuses what it can when it loads
+the graph. ``batchnorm_nodes`` in the result says how many are left in the file.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     opset = DEFAULT_OPSET if opset is None else int(opset)
 
     start = time.perf_counter()
-    prepared = prepare_for_export(model)
+    prepared, fold_note = _prepare_and_fold(model, shape)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     order = AUTO_ORDER if exporter == "auto" else (exporter,)
@@ -180,8 +180,10 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
                 continue
             file_size, compressed = _sizes(out, is_external)
             _publish(out, target, is_external)
-            return _result(target, name, attempts, opset, dynamic_batch, fp16, simplify, is_external, checks,
-                           file_size, compressed, prepared, time.perf_counter() - start)
+            result = _result(target, name, attempts, opset, dynamic_batch, fp16, simplify, is_external, checks,
+                             file_size, compressed, prepared, time.perf_counter() - start)
+            result.notes += [fold_note] if fold_note else []
+            return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     tried = "; ".join(f"{name}: {reason}" for name, reason in attempts.items())
@@ -189,7 +191,10 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
 
 
 def prepare_for_export(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` ready to export: wrappers and pruning reparametrizations removed, eval mode."""
+    """A deep copy of ``model`` ready to export: wrappers and pruning reparametrizations removed, eval mode.
+
+    BatchNorm is not folded here; :func:`export_onnx` folds it on this copy.
+    """
     from torch.nn.utils import prune
 
     from optkit.checkpoint import unwrap
@@ -205,6 +210,19 @@ def prepare_for_export(model: nn.Module) -> nn.Module:
             if isinstance(hook, prune.BasePruningMethod):
                 prune.remove(module, hook._tensor_name)
     return prepared.eval()
+
+
+def _prepare_and_fold(model: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Module, str | None]:
+    from optkit.passes.batchnorm import fold_batchnorm
+
+    prepared = prepare_for_export(model)
+    try:
+        details = fold_batchnorm(prepared, input_shape=shape)
+    except Exception as e:
+        # Folding is an optimization: the exporter and ONNX Runtime still fuse Conv+BN pairs.
+        return prepare_for_export(model), f"BatchNorm was not folded before export ({_first_line(e)})"
+    return prepared, (f"{len(details['not_folded'])} BatchNorm(s) could not be folded into a conv/linear layer"
+                      if details["not_folded"] else None)
 
 
 def gzip_size(path: str | os.PathLike) -> int:
