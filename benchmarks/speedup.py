@@ -50,6 +50,15 @@ OPT_LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
               "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
               "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 RESULTS = Path(__file__).parent / "results"
+NOTES = [
+    "StructuredPrune leaves nn.MultiheadAttention untouched, so in vit_b_16 only the MLP blocks (and what "
+    "depends on them) are pruned; its MACs ratio stays high.",
+    "Both the unpruned and pruned models go through the same export (BatchNorm folded, TorchScript exporter "
+    "unless it fails) and the same ONNX Runtime settings.",
+    "The machine's 2 cores were shared with other jobs while this ran: the 1-minute load average at the start "
+    "and end of each model is in the last column. Interleaved timing keeps the before/after ratio fair, but "
+    "absolute milliseconds are inflated by that load.",
+]
 
 
 def session(path: Path, threads: int, level: str) -> ort.InferenceSession:
@@ -186,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": round(time.perf_counter() - started, 1),
         "models": models,
         "summary": summary(models, args.ratios, args.batches),
+        "notes": NOTES,
     }
     out = Path(args.out)
     write_text(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
