@@ -120,7 +120,10 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
                 atol: float = 0.0, external_data: bool | None = None, seed: int = 0) -> ExportResult:
     """Export ``model`` to ONNX at ``path``, verified against PyTorch.
 
-    The model itself is not changed: a deep copy is prepared and exported.
+    The model itself is not changed: a deep copy is prepared (see
+    :func:`prepare_for_export`), its BatchNorms are folded into the conv/linear
+    layers that feed them where possible, and that copy is exported; ONNX
+    Runtime's outputs are compared with the unfolded copy's.
 
     Args:
         model: the model (possibly pruned, wrapped or on a GPU).
@@ -161,7 +164,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     opset = DEFAULT_OPSET if opset is None else int(opset)
 
     start = time.perf_counter()
-    prepared, fold_note = _prepare_and_fold(model, shape)
+    reference = prepare_for_export(model)
+    prepared, fold_note = _folded_copy(reference, shape)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     order = AUTO_ORDER if exporter == "auto" else (exporter,)
@@ -172,7 +176,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
             out = scratch / name / target.name
             out.parent.mkdir()
             try:
-                checks, is_external = _export_once(prepared, out, shape, name, opset=opset,
+                checks, is_external = _export_once(prepared, reference, out, shape, name, opset=opset,
                                                    dynamic_batch=dynamic_batch, fp16=fp16, simplify=simplify,
                                                    rtol=rtol, atol=atol, external_data=external_data, seed=seed)
             except ExportError as e:
@@ -212,15 +216,16 @@ def prepare_for_export(model: nn.Module) -> nn.Module:
     return prepared.eval()
 
 
-def _prepare_and_fold(model: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Module, str | None]:
+def _folded_copy(reference: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Module, str | None]:
+    """A copy of ``reference`` with BatchNorm folded where possible (verification still compares with ``reference``)."""
     from optkit.passes.batchnorm import fold_batchnorm
 
-    prepared = prepare_for_export(model)
+    prepared = copy.deepcopy(reference)
     try:
         details = fold_batchnorm(prepared, input_shape=shape)
     except Exception as e:
         # Folding is an optimization: the exporter and ONNX Runtime still fuse Conv+BN pairs.
-        return prepare_for_export(model), f"BatchNorm was not folded before export ({_first_line(e)})"
+        return copy.deepcopy(reference), f"BatchNorm was not folded before export ({_first_line(e)})"
     return prepared, (f"{len(details['not_folded'])} BatchNorm(s) could not be folded into a conv/linear layer"
                       if details["not_folded"] else None)
 
@@ -257,10 +262,10 @@ def _gzip_compressor():
     return zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: gzip container
 
 
-def _export_once(model: nn.Module, out: Path, shape: tuple[int, ...], exporter: str, *, opset: int,
+def _export_once(model: nn.Module, reference: nn.Module, out: Path, shape: tuple[int, ...], exporter: str, *, opset: int,
                  dynamic_batch: bool, fp16: bool, simplify: bool, rtol: float, atol: float,
                  external_data: bool | None, seed: int) -> tuple[list[Verification], bool]:
-    """Export with one exporter to ``out``, post-process and verify it; ExportError on any failure."""
+    """Export ``model`` with one exporter to ``out``, post-process it and verify it against ``reference``."""
     import onnx
 
     raw = out.parent / "raw" / out.name
@@ -277,7 +282,7 @@ def _export_once(model: nn.Module, out: Path, shape: tuple[int, ...], exporter: 
         proto = _simplify(proto)
     is_external = _save(proto, out, external_data)
     del proto
-    checks = verify_onnx(model, out, shape, dynamic_batch=dynamic_batch, rtol=rtol, atol=atol, seed=seed)
+    checks = verify_onnx(reference, out, shape, dynamic_batch=dynamic_batch, rtol=rtol, atol=atol, seed=seed)
     return checks, is_external
 
 
