@@ -94,6 +94,7 @@ PRUNER_HANGS = ("swin_t", "swin_s", "swin_b", "swin_v2_t", "swin_v2_s", "swin_v2
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # densenet161/169 and efficientnet_b5/b6 passed 400 s on a loaded 2-core machine
 @pytest.mark.parametrize("name", torchvision_names())
 def test_every_classification_model_exports_after_structured_prune(name, tmp_path):
     if name in PRUNER_HANGS:
