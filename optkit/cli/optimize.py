@@ -14,6 +14,15 @@ import click
 from optkit.cli._options import parse_ratio, parse_shape
 
 
+def parse_fraction(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Click callback: a target fraction of the original, in (0, 1)."""
+    if value is None:
+        return None
+    if not 0.0 < value < 1.0:
+        raise click.BadParameter(f"must be a fraction in (0, 1), e.g. 0.5; got {value}")
+    return value
+
+
 @click.command("optimize")
 @click.argument("model")
 @click.option("--prune", "ratio", type=float, callback=parse_ratio,
@@ -23,8 +32,16 @@ from optkit.cli._options import parse_ratio, parse_shape
 @click.option("--global", "global_", is_flag=True, help="Rank across all layers instead of per layer.")
 @click.option("--round-to", type=click.IntRange(min=1), default=8, show_default=True,
               help="Structured: keep channel counts multiples of this.")
-@click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
-              help="Structured: how channels are ranked.")
+@click.option("--importance", type=click.Choice(["l1", "l2", "taylor", "bn_scale", "random"]), default="l1",
+              show_default=True, help="Structured: how channels are ranked (taylor needs --calib-data).")
+@click.option("--iterative-steps", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Structured: reach the ratio (or target) in this many pruning steps.")
+@click.option("--target-macs", type=float, callback=parse_fraction,
+              help="Structured: prune until MACs are this fraction of the original, e.g. 0.5 (instead of --prune).")
+@click.option("--target-params", type=float, callback=parse_fraction,
+              help="Structured: prune until parameters are this fraction of the original (instead of --prune).")
+@click.option("--calib-data", metavar="SPEC",
+              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) whose batches feed --importance taylor.")
 @click.option("--input-shape", callback=parse_shape, help="Example input shape, e.g. 1,3,224,224.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
 @click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
@@ -71,7 +88,8 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
             pipeline.input_shape = input_shape
         return pipeline
     if not entries:
-        raise click.UsageError("nothing to do: give --prune RATIO (or another pass flag) or --recipe FILE")
+        raise click.UsageError("nothing to do: give --prune RATIO, --target-macs FRACTION (or another pass flag) "
+                               "or --recipe FILE")
     data = {"input_shape": list(input_shape or default_input_shape(model)), "pass": entries}
     return Pipeline.from_dict(data, source="command-line flags")
 
@@ -79,10 +97,24 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
 def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
     entries: list[dict[str, Any]] = []
-    if flags["ratio"] is not None:
+    targets = {key: flags.get(key) for key in ("target_macs", "target_params") if flags.get(key) is not None}
+    if len(targets) > 1:
+        raise click.UsageError("give --target-macs or --target-params, not both")
+    if targets and (flags["ratio"] is not None or flags["method"] != "structured"):
+        raise click.UsageError("--target-macs/--target-params replace --prune and apply to structured pruning only")
+    if flags.get("importance") == "taylor" and not flags.get("calib_data"):
+        raise click.UsageError("--importance taylor needs data: add --calib-data SPEC (e.g. fashion-mnist)")
+    if flags["ratio"] is not None or targets:
         if flags["method"] == "structured":
-            entries.append({"name": "structured_prune", "ratio": flags["ratio"], "round_to": flags["round_to"],
-                            "importance": flags["importance"], "global": flags["global_"]})
+            entry = {"name": "structured_prune", "round_to": flags["round_to"], "importance": flags["importance"],
+                     "global": flags["global_"], **targets}
+            if flags["ratio"] is not None:
+                entry["ratio"] = flags["ratio"]
+            if flags.get("iterative_steps", 1) > 1:
+                entry["iterative_steps"] = flags["iterative_steps"]
+            if flags.get("importance") == "taylor":
+                entry["data"] = flags["calib_data"]
+            entries.append(entry)
         else:
             entries.append({"name": "l1_unstructured", "ratio": flags["ratio"], "global": flags["global_"]})
     return entries

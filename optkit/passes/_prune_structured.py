@@ -111,7 +111,9 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
             warnings.simplefilter("ignore")
             pruner = _pruner_class()(
                 root,
-                inputs,
+                # A tuple is unpacked as the arguments; a bare tensor would first be
+                # unpacked along its batch dimension and traced twice.
+                tuple(inputs) if isinstance(inputs, list) else (inputs,),
                 importance=options.importance,
                 global_pruning=options.global_,
                 pruning_ratio=options.ratio,
