@@ -165,6 +165,7 @@ def markdown(data: dict) -> str:
         "",
         f"Command: `{data['command']}`",
         "",
+        *([data["note"], ""] if data.get("note") else []),
         f"Machine: {data['machine']}; torch {data['torch']}, torchvision {data['torchvision']}, "
         f"torch-pruning {data['torch_pruning']}. Random-init weights, ratio {RATIO}, round_to 8, L1 importance, "
         "one subprocess per model (10 GiB address-space cap, per-model time limit).",
@@ -209,6 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="*", help="only these models (default: all classification models)")
+    parser.add_argument("--note", default="", help="a remark on the run conditions, written into zoo.md")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)
@@ -222,11 +224,11 @@ def main() -> None:
 
     names = args.models or sorted(torchvision.models.list_models(module=torchvision.models), key=_cost)
     started = time.perf_counter()
-    command = "flock /tmp/optkit-bench.lock python benchmarks/zoo.py" + (f" --models {' '.join(args.models)}" if args.models else "")
+    command = "python " + " ".join(["benchmarks/zoo.py", *sys.argv[1:]])
     data = {
         "command": command, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "torch": torch.__version__, "torchvision": torchvision.__version__, "torch_pruning": torch_pruning.__version__,
-        "ratio": RATIO, "resnet50_compare": {}, "models": [], "pending": list(names),
+        "note": args.note, "ratio": RATIO, "resnet50_compare": {}, "models": [], "pending": list(names),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
 
