@@ -26,6 +26,7 @@ import select
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,11 +39,13 @@ COMPARE_REPEATS = 3
 COMPARE = "compare:resnet50"
 
 
-def input_shape(name: str) -> tuple[int, int, int, int]:
-    return (1, 3, 299, 299) if name == "inception_v3" else (1, 3, 224, 224)
+def input_shape(name: str, size: int) -> tuple[int, int, int, int]:
+    """``size`` x ``size``, except for models whose input size is fixed (ViT, MaxViT: 224)."""
+    fixed = name.startswith("vit_") or name == "maxvit_t"
+    return (1, 3, 224, 224) if fixed else (1, 3, size, size)
 
 
-def run_model(name: str) -> dict:
+def run_model(name: str, size: int) -> dict:
     """Prune one model and check it (runs inside the worker subprocess)."""
     import torch
 
@@ -51,7 +54,7 @@ def run_model(name: str) -> dict:
     from optkit.passes.prune import StructuredPrune
 
     torch.manual_seed(0)
-    shape = input_shape(name)
+    shape = input_shape(name, size)
     model = load_model(f"torchvision:{name}")
     macs0, params0 = count_macs(model, shape), count_params(model)
     start = time.perf_counter()
@@ -103,27 +106,27 @@ def compare_resnet50() -> dict:
             "optkit_over_direct": round(medians["optkit"] / medians["torch_pruning"], 3)}
 
 
-def worker(tasks: list[str]) -> None:
+def worker(size: int, tasks: list[str]) -> None:
     """Run tasks in order, printing one ``RESULT`` line each (runs inside the worker subprocess)."""
     import gc
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
     for task in tasks:
         try:
-            result = compare_resnet50() if task == COMPARE else run_model(task)
+            result = compare_resnet50() if task == COMPARE else run_model(task, size)
         except Exception as e:  # one model's failure is a result, not the end of the run
             result = {"model": task, "status": "error", "error": f"{type(e).__name__}: {str(e)[:300]}"}
         print("RESULT " + json.dumps(result), flush=True)
         gc.collect()
 
 
-def run_all(tasks: list[str], on_result) -> list[dict]:
+def run_all(tasks: list[str], on_result, size: int) -> list[dict]:
     """Run tasks in a worker subprocess, restarting it after a crash or a model that overruns its limit."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     results: list[dict] = []
     pending = list(tasks)
     while pending:
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", *pending], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, __file__, "--size", str(size), "--worker", *pending], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
         os.set_blocking(proc.stdout.fileno(), False)
         deadline, buffer = time.monotonic() + PROCESS_TIMEOUT_S, ""
@@ -168,7 +171,9 @@ def markdown(data: dict) -> str:
         *([data["note"], ""] if data.get("note") else []),
         f"Machine: {data['machine']}; torch {data['torch']}, torchvision {data['torchvision']}, "
         f"torch-pruning {data['torch_pruning']}. Random-init weights, ratio {RATIO}, round_to 8, L1 importance, "
-        "one subprocess per model (10 GiB address-space cap, per-model time limit).",
+        f"input {data['size']}x{data['size']} (ViT and MaxViT: 224x224, fixed by the models); MACs counted at that input. "
+        "Models run in worker subprocesses (10 GiB address-space cap, per-model time limits) that are restarted "
+        "after a crash or an overrun.",
         "",
         f"**{len(passing)} of {len(rows) + len(pending)}** models prune, run forward and backward with the output shape "
         "unchanged, and reach a MACs ratio of at most 0.75.",
@@ -210,10 +215,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="*", help="only these models (default: all classification models)")
+    parser.add_argument("--size", type=int, default=224, help="input height and width (ViT and MaxViT always use 224)")
+    parser.add_argument("--parallel", type=int, default=1, help="worker subprocesses running models at once")
     parser.add_argument("--note", default="", help="a remark on the run conditions, written into zoo.md")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker)
+        worker(args.size, args.worker)
         return
 
     import torch
@@ -228,7 +235,7 @@ def main() -> None:
     data = {
         "command": command, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "torch": torch.__version__, "torchvision": torchvision.__version__, "torch_pruning": torch_pruning.__version__,
-        "note": args.note, "ratio": RATIO, "resnet50_compare": {}, "models": [], "pending": list(names),
+        "note": args.note, "ratio": RATIO, "size": args.size, "resnet50_compare": {}, "models": [], "pending": list(names),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
 
@@ -238,18 +245,27 @@ def main() -> None:
         write_text(RESULTS / "zoo.md", markdown(data))
 
     # The timing comparison runs first, before the run heats up or is cut short.
-    data["resnet50_compare"] = run_all([COMPARE], lambda row: None)[0]
+    data["resnet50_compare"] = run_all([COMPARE], lambda row: None, args.size)[0]
     print(f"resnet50 optkit/direct: {data['resnet50_compare'].get('optkit_over_direct')}", flush=True)
 
+    lock = threading.Lock()
+
     def report(row: dict) -> None:
-        data["models"].append(row)
-        data["pending"].remove(row["model"])
-        save()
+        with lock:
+            data["models"].append(row)
+            data["pending"].remove(row["model"])
+            data["models"].sort(key=lambda r: r["model"])
+            save()
         summary = (f"macs {row['macs_ratio']:.3f} in {row['prune_seconds']:.1f} s" if row["status"] == "ok"
                    else f"error: {row['error']}")
         print(f"[{len(data['models'])}/{len(names)}] {row['model']}: {summary}", flush=True)
 
-    run_all(names, report)
+    shares = [names[i::args.parallel] for i in range(args.parallel)]
+    threads = [threading.Thread(target=run_all, args=(share, report, args.size)) for share in shares]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     save()
 
 

@@ -18,9 +18,9 @@ from optkit.passes.prune import L1Unstructured, StructuredPrune, skipped_layers
 
 SMALL = (1, 3, 64, 64)
 
-# One model per family, at the smallest input each accepts. ViT and MaxViT are
-# built with smaller configurations of the same classes (the full models run
-# in the slow tests and in benchmarks/zoo.py).
+# One model per family, at the smallest input each accepts. The transformer
+# families are built as smaller configurations of the same torchvision classes
+# (the full named models run in the slow tests and in benchmarks/zoo.py).
 FAMILIES = {
     "resnet18": SMALL,
     "resnext50_32x4d": SMALL,
@@ -40,23 +40,37 @@ FAMILIES = {
     "regnet_x_400mf": SMALL,
     "regnet_y_400mf": SMALL,
     "convnext_tiny": SMALL,
-    "vit_b_32": SMALL,
-    "swin_t": SMALL,
-    "swin_v2_t": SMALL,
-    "maxvit_t": SMALL,
+    "small_vit": SMALL,
+    "small_swin": SMALL,
+    "small_swin_v2": SMALL,
+    "small_maxvit": SMALL,
+}
+
+SMALL_ARCHS = {
+    "small_vit": ("torchvision.models.vision_transformer:VisionTransformer",
+                  {"image_size": 64, "patch_size": 16, "num_layers": 2, "num_heads": 4, "hidden_dim": 64, "mlp_dim": 256}),
+    "small_swin": ("torchvision.models.swin_transformer:SwinTransformer",
+                   {"patch_size": [4, 4], "embed_dim": 32, "depths": [2, 2], "num_heads": [2, 4],
+                    "window_size": [4, 4], "stochastic_depth_prob": 0.0}),
+    "small_maxvit": ("torchvision.models.maxvit:MaxVit",
+                     {"input_size": [64, 64], "stem_channels": 32, "partition_size": 2, "block_channels": [32, 64],
+                      "block_layers": [1, 2], "head_dim": 16, "stochastic_depth_prob": 0.0}),
 }
 
 
-def build(name: str, shape=SMALL) -> nn.Module:
-    torch.manual_seed(0)
-    if name.startswith("vit_"):
-        return torchvision.models.get_model(name, image_size=shape[-1])
-    if name == "maxvit_t":
-        from torchvision.models.maxvit import MaxVit
+def arch(name: str) -> ArchSpec:
+    spec, kwargs = SMALL_ARCHS.get(name, (f"torchvision:{name}", {}))
+    return ArchSpec(spec, kwargs)
 
-        return MaxVit(input_size=shape[-2:], stem_channels=32, partition_size=2, block_channels=[32, 64],
-                      block_layers=[1, 2], head_dim=16, stochastic_depth_prob=0.0)
-    return load_model(f"torchvision:{name}")
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "small_swin_v2":
+        from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+
+        return SwinTransformer(block=SwinTransformerBlockV2, downsample_layer=PatchMergingV2,
+                               **SMALL_ARCHS["small_swin"][1])
+    return arch(name).build()
 
 
 def check_pruned(model: nn.Module, shape, max_macs_ratio: float = 0.75) -> dict:
@@ -76,7 +90,7 @@ def check_pruned(model: nn.Module, shape, max_macs_ratio: float = 0.75) -> dict:
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_structured_prune_every_family(name):
-    details = check_pruned(build(name, FAMILIES[name]), FAMILIES[name])
+    details = check_pruned(build(name), FAMILIES[name])
     assert details["pruned_layers"] > 0
     assert all(isinstance(reason, str) and reason for reason in details["skipped_layers"].values())
 
@@ -88,9 +102,13 @@ def test_structured_prune_whole_zoo(name):
     check_pruned(load_model(f"torchvision:{name}"), shape)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "vit_b_32", "swin_t"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "small_vit", "small_swin"])
 def test_l1_unstructured_reports_exact_sparsity(name):
     model = build(name)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                nn.init.normal_(module.weight)  # some classes start with zero weights (ViT's head)
     details = L1Unstructured(ratio=0.4).apply(model).details
     assert details["sparsity"] == weight_sparsity(model)
     assert details["sparsity"] == pytest.approx(0.4, abs=1e-3)
@@ -101,9 +119,10 @@ def test_l1_unstructured_reports_exact_sparsity(name):
 @pytest.mark.parametrize("name", torchvision_names())
 def test_l1_unstructured_whole_zoo(name):
     model = load_model(f"torchvision:{name}")
+    zeros_before = weight_sparsity(model)
     details = L1Unstructured(ratio=0.3).apply(model).details
     assert details["sparsity"] == weight_sparsity(model)
-    assert details["sparsity"] == pytest.approx(0.3, abs=2e-3)
+    assert 0.3 - 1e-3 <= details["sparsity"] <= 0.3 + zeros_before + 1e-3
 
 
 def test_shufflenet_reports_shuffle_blocks_it_keeps():
@@ -114,19 +133,19 @@ def test_shufflenet_reports_shuffle_blocks_it_keeps():
 
 
 def test_vit_heads_and_hidden_dim_written_back():
-    model = build("vit_b_32")
+    model = build("small_vit")
     StructuredPrune(input_shape=SMALL).apply(model)
     attention = model.encoder.layers[0].self_attention
-    assert model.hidden_dim == model.conv_proj.out_channels < 768
+    assert model.hidden_dim == model.conv_proj.out_channels < 64
     assert attention.embed_dim == model.hidden_dim and attention.embed_dim % attention.num_heads == 0
 
 
 def test_swin_attention_keeps_heads_consistent():
-    model = build("swin_t")
+    model = build("small_swin")
     StructuredPrune(input_shape=SMALL).apply(model)
     block = model.features[1][0]
     width = block.norm1.normalized_shape[0]
-    assert width < 96 and width % block.attn.num_heads == 0
+    assert width < 32 and width % block.attn.num_heads == 0
     assert block.attn.qkv.weight.shape == (3 * width, width)
     assert model.features[2].reduction.in_features == 4 * width
 
@@ -259,7 +278,7 @@ def test_settings_round_trip_through_a_recipe():
 
 def test_target_macs_lands_near_the_target():
     model = build("resnet18")
-    result = StructuredPrune(target_macs=0.5, input_shape=SMALL).apply(model)
+    result = StructuredPrune(target_macs=0.5, target_tolerance=0.02, input_shape=SMALL).apply(model)
     achieved = count_macs(result.model, SMALL) / count_macs(model, SMALL)
     assert result.details["achieved_fraction"] == pytest.approx(achieved, abs=1e-4)
     assert abs(achieved - 0.5) <= 0.03
@@ -268,7 +287,7 @@ def test_target_macs_lands_near_the_target():
 
 def test_target_params():
     model = build("mobilenet_v2")
-    result = StructuredPrune(target_params=0.6, input_shape=SMALL).apply(model)
+    result = StructuredPrune(target_params=0.6, target_tolerance=0.02, input_shape=SMALL).apply(model)
     assert abs(count_params(result.model) / count_params(model) - 0.6) <= 0.03
 
 
@@ -313,19 +332,11 @@ def test_time_limit_outside_the_main_thread_is_reported():
     assert "not enforced" in results["time_limit"]
 
 
-@pytest.mark.parametrize("name", ["resnet18", "vit_b_32", "swin_t", "maxvit_t", "shufflenet_v2_x0_5"])
+@pytest.mark.parametrize("name", ["resnet18", "small_vit", "small_swin", "small_maxvit", "shufflenet_v2_x0_5"])
 def test_pruned_model_round_trips_through_a_checkpoint(name, tmp_path):
     model = build(name)
-    if name.startswith("vit_"):
-        arch = ArchSpec(f"torchvision:{name}", {"image_size": SMALL[-1]})
-    elif name == "maxvit_t":
-        arch = ArchSpec("torchvision.models.maxvit:MaxVit", {
-            "input_size": list(SMALL[-2:]), "stem_channels": 32, "partition_size": 2, "block_channels": [32, 64],
-            "block_layers": [1, 2], "head_dim": 16, "stochastic_depth_prob": 0.0})
-    else:
-        arch = ArchSpec(f"torchvision:{name}")
     StructuredPrune(input_shape=SMALL).apply(model)
-    checkpoint.save(model, tmp_path / "model.pt", arch)
+    checkpoint.save(model, tmp_path / "model.pt", arch(name))
     reloaded = load_model(tmp_path / "model.pt")
     x = torch.randn(1, *SMALL[1:])
     model.eval(), reloaded.eval()
