@@ -105,6 +105,7 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
     for name, reason in support.fixed.items():
         held.setdefault(modules[name], reason)
     overrides = {m: value for m, value in overrides.items() if m in own}
+    outputs: list = []
     was_training = root.training
     try:
         with warnings.catch_warnings(), support.tracing():
@@ -127,11 +128,12 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
                 customized_pruners=support.customized_pruners or None,
                 unwrapped_parameters=support.unwrapped_parameters or None,
                 root_module_types=[nn.modules.conv._ConvNd, nn.Linear],
+                output_transform=lambda out: _keep_outputs(out, outputs),
             )
     finally:
         root.train(was_training)
     reason = SUBMODULE_OUTPUT_REASON.format(submodule) if submodule else OUTPUT_REASON
-    for module in output_layers(pruner.DG):
+    for module in output_layers(pruner.DG, {t.grad_fn for t in outputs}):
         held.setdefault(module, reason)
     pruner.ignored_layers = list(dict.fromkeys(pruner.ignored_layers + [m for h in held for m in h.modules()]))
     return Plan(pruner, root, held, support)
@@ -251,15 +253,28 @@ def _tied_reason(plan: Plan, module: nn.Module, round_to: int) -> str:
     return f"no channels left to remove after rounding to multiples of round_to={round_to} (too few, or split across groups)"
 
 
-def output_layers(graph: Any) -> list:
-    """Conv/linear (or attention) modules whose outputs reach a model output through channel-preserving ops."""
+def _keep_outputs(out: Any, kept: list) -> Any:
+    import torch
+    import torch_pruning as tp
+
+    kept.extend(t for t in tp.utils.flatten_as_list(out) if isinstance(t, torch.Tensor))
+    return out
+
+
+def output_layers(graph: Any, output_grad_fns: set) -> list:
+    """Conv/linear (or attention) modules whose outputs reach a model output through channel-preserving ops.
+
+    Args:
+        graph: the torch-pruning dependency graph.
+        output_grad_fns: ``grad_fn`` of each output tensor of the traced forward
+            (an output may also feed later layers, e.g. a backbone's feature maps).
+    """
     import torch_pruning as tp
     from torch import nn
 
-    # The traced graph's sinks are the model outputs (an output op, or the layer that produced it).
     stops = (nn.modules.conv._ConvNd, nn.Linear, nn.MultiheadAttention)
     found, seen = [], set()
-    stack = [node for node in graph.module2node.values() if not node.outputs]
+    stack = [node for node in graph.module2node.values() if not node.outputs or node.grad_fn in output_grad_fns]
     while stack:
         node = stack.pop()
         if node in seen:

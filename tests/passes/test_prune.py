@@ -194,7 +194,7 @@ def test_taylor_ranks_by_gradients_not_weights():
         with torch.no_grad():
             model.layer1[0].conv1.weight[:8] *= 100  # L1 keeps these; Taylor looks at gradients too
         StructuredPrune(ratio=0.5, importance=importance, input_shape=SMALL, round_to=1, **extra).apply(model)
-        kept[importance] = model.layer1[0].bn1.weight.detach().clone()
+        kept[importance] = model.layer1[0].conv1.weight.detach().clone()
     assert kept["l1"].shape == kept["taylor"].shape
     assert not torch.equal(kept["l1"], kept["taylor"])
 
@@ -215,14 +215,18 @@ def test_round_to_and_per_layer_widths():
 
 
 def test_global_ranking_gives_uneven_widths():
-    model = build("resnet18")
-    with torch.no_grad():
-        for m in model.layer4.modules():
-            if isinstance(m, nn.Conv2d):
-                m.weight *= 10  # layer4 matters most globally
-    StructuredPrune(ratio=0.3, global_=True, round_to=1, input_shape=SMALL).apply(model)
-    kept = [model.layer1[0].conv1.out_channels / 64, model.layer4[0].conv1.out_channels / 512]
-    assert kept[1] == 1.0 and kept[0] < 0.7
+    def inner_widths(model):  # the first conv of each residual block: its output is pruned on its own
+        return [block.conv1.out_channels for layer in (model.layer1, model.layer2, model.layer3, model.layer4)
+                for block in layer]
+
+    original = inner_widths(build("resnet18"))
+    widths = {}
+    for global_ in (False, True):
+        model = build("resnet18")
+        StructuredPrune(ratio=0.3, global_=global_, round_to=1, input_shape=SMALL).apply(model)
+        widths[global_] = [w / w0 for w, w0 in zip(inner_widths(model), original)]
+    assert max(widths[False]) - min(widths[False]) < 0.05  # per layer: the same fraction everywhere
+    assert max(widths[True]) - min(widths[True]) > 0.1  # global: some layers keep more than others
 
 
 def test_iterative_steps_reach_the_same_ratio():
@@ -238,8 +242,10 @@ def test_layer_ratio_overrides_and_ignored_layers():
                               ignored_layers=("layer2.*",)).apply(model).details
     assert model.layer1[0].conv1.out_channels == 40
     assert model.layer4[0].conv1.out_channels == 200  # 512 * 0.4 = 204.8 -> 200
-    assert model.layer2[0].conv1.out_channels == 128
-    assert "ignored_layers pattern 'layer2.*'" in details["skipped_layers"]["layer2.0.conv1"]
+    assert model.layer2[0].conv1.out_channels == model.layer2[0].conv2.out_channels == 128
+    # Ignored layers keep their outputs; their inputs follow what feeds them.
+    assert model.layer2[0].conv1.in_channels < 64
+    assert "ignored_layers pattern 'layer2.*'" in details["skipped_layers"]["layer2.0.conv2"]
     assert "fc" not in details["skipped_layers"]  # its inputs shrink with layer4
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
 
@@ -303,8 +309,9 @@ def test_target_macs_acceptance_models(name):
 def test_skipped_layers_dry_run():
     model = build("resnet18")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    skipped = skipped_layers(model, SMALL)
-    assert "fc" in skipped and "outputs" in skipped["fc"]
+    skipped = skipped_layers(model, SMALL, ignored_layers=("layer3.*",))
+    assert "layer3.0.conv2" in skipped and "layer3.1.conv1" in skipped
+    assert "fc" not in skipped and "layer4.0.conv1" not in skipped
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert model.training
     shuffle = skipped_layers(build("shufflenet_v2_x0_5"), SMALL)
