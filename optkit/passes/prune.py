@@ -83,9 +83,10 @@ class StructuredPrune(Pass):
             ``random`` (a baseline).
         global_: rank channels across all layers instead of per layer.
         iterative_steps: reach ``ratio`` in this many equal steps.
-        ignored_layers: fnmatch patterns of module names to leave untouched
-            (a matched container leaves all its layers untouched). Layers whose
-            outputs are the model's outputs (the classifier) always keep their width.
+        ignored_layers: fnmatch patterns of module names whose output channels
+            are kept (a matched container keeps all its layers); their input
+            channels still follow the layers that feed them. Layers whose
+            outputs are the model's outputs (the classifier) always keep theirs.
         layer_ratios: per-layer ratio overrides, keyed by fnmatch pattern.
         target_macs: prune until MACs are this fraction of the original, in
             (0, 1); the ratio is found by bisection on copies of the model.

@@ -6,7 +6,6 @@ import threading
 
 import pytest
 import torch
-import torchvision
 from torch import nn
 
 from optkit import checkpoint, recipe
@@ -349,3 +348,27 @@ def test_pruned_model_round_trips_through_a_checkpoint(name, tmp_path):
     model.eval(), reloaded.eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def cli_flags(**overrides):
+    flags = {"ratio": None, "method": "structured", "round_to": 8, "importance": "l1", "global_": False,
+             "iterative_steps": 1, "target_macs": None, "target_params": None, "calib_data": None}
+    return {**flags, **overrides}
+
+
+def test_cli_flags_build_structured_prune_entries():
+    import click
+
+    from optkit.cli.optimize import pass_entries_from_flags
+
+    entry = pass_entries_from_flags(cli_flags(target_macs=0.5, iterative_steps=3, importance="taylor",
+                                              calib_data="fashion-mnist"))[0]
+    assert entry == {"name": "structured_prune", "round_to": 8, "importance": "taylor", "global": False,
+                     "target_macs": 0.5, "iterative_steps": 3, "data": "fashion-mnist"}
+    assert recipe.from_dict({"pass": [entry]})["passes"][0].target_macs == 0.5
+    with pytest.raises(click.UsageError, match="calib-data"):
+        pass_entries_from_flags(cli_flags(ratio=0.3, importance="taylor"))
+    with pytest.raises(click.UsageError, match="not both"):
+        pass_entries_from_flags(cli_flags(target_macs=0.5, target_params=0.5))
+    with pytest.raises(click.UsageError, match="replace --prune"):
+        pass_entries_from_flags(cli_flags(ratio=0.3, target_params=0.5))
