@@ -1,8 +1,12 @@
 """Find the structured pruning ratio that reaches a MACs or parameter target.
 
 The fraction kept falls (not always strictly: channel rounding makes steps)
-as the ratio grows, so the ratio is found by bisection, each try pruning a
-fresh deep copy of the model. The copy whose achieved fraction is closest to
+as the ratio grows, so the ratio is found by bracketing search, each try
+pruning a fresh deep copy of the model. Removing a fraction r of channels
+keeps roughly (1 - r)^2 of a layer's MACs and params (inputs and outputs both
+shrink), so each next ratio interpolates linearly in the square root of the
+fraction between the bracket's ends, falling back to bisection when that
+would not shrink the bracket. The copy whose achieved fraction is closest to
 the target is returned; the original model is left unchanged.
 """
 
@@ -41,9 +45,9 @@ def search(settings: StructuredPrune, model: nn.Module) -> PassResult:
     original = measure(model)
     tries: list[dict[str, float]] = []
     best: tuple[float, nn.Module, dict[str, Any]] | None = None
-    low, high = 0.0, MAX_RATIO
+    low, high = (0.0, 1.0), (MAX_RATIO, (1 - MAX_RATIO) ** 2)
     for _ in range(MAX_TRIES):
-        ratio = round((low + high) / 2, 4)
+        ratio = _next_ratio(low, high, target)
         candidate = copy.deepcopy(model)
         details = settings.prune(candidate, ratio)
         achieved = measure(candidate) / original
@@ -53,9 +57,20 @@ def search(settings: StructuredPrune, model: nn.Module) -> PassResult:
         if abs(achieved - target) <= settings.target_tolerance:
             break
         if achieved > target:
-            low = ratio
+            low = (ratio, achieved)
         else:
-            high = ratio
+            high = (ratio, achieved)
     achieved, pruned, details = best
     details.update({"target": kind, "target_fraction": target, "achieved_fraction": round(achieved, 4), "tries": tries})
     return PassResult(pruned, details)
+
+
+def _next_ratio(low: tuple[float, float], high: tuple[float, float], target: float) -> float:
+    """Interpolate (ratio, fraction) bracket ends linearly in sqrt(fraction); bisect if that hugs an end."""
+    (r0, f0), (r1, f1) = low, high
+    g0, g1, gt = f0 ** 0.5, f1 ** 0.5, target ** 0.5
+    ratio = r0 + (r1 - r0) * (g0 - gt) / (g0 - g1) if g0 != g1 else (r0 + r1) / 2
+    margin = (r1 - r0) / 10
+    if not r0 + margin <= ratio <= r1 - margin:
+        ratio = (r0 + r1) / 2
+    return round(ratio, 4)
