@@ -21,6 +21,15 @@ from optkit.cli.finetune import (
 )
 
 
+def parse_fraction(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Click callback: a target fraction of the original, in (0, 1)."""
+    if value is None:
+        return None
+    if not 0.0 < value < 1.0:
+        raise click.BadParameter(f"must be a fraction in (0, 1), e.g. 0.5; got {value}")
+    return value
+
+
 @click.command("optimize")
 @click.argument("model")
 @click.option("--prune", "ratio", type=float, callback=parse_ratio,
@@ -30,8 +39,12 @@ from optkit.cli.finetune import (
 @click.option("--global", "global_", is_flag=True, help="Rank across all layers instead of per layer.")
 @click.option("--round-to", type=click.IntRange(min=1), default=8, show_default=True,
               help="Structured: keep channel counts multiples of this.")
-@click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
-              help="Structured: how channels are ranked.")
+@click.option("--importance", type=click.Choice(["l1", "l2", "taylor", "bn_scale", "random"]), default="l1",
+              show_default=True, help="Structured: how channels are ranked (taylor needs --calib-data).")
+@click.option("--target-macs", type=float, callback=parse_fraction,
+              help="Structured: prune until MACs are this fraction of the original, e.g. 0.5 (instead of --prune).")
+@click.option("--target-params", type=float, callback=parse_fraction,
+              help="Structured: prune until parameters are this fraction of the original (instead of --prune).")
 @click.option("--device", callback=parse_device, metavar="auto|cpu|cuda|cuda:N|mps",
               help="Move the model to this device first (auto: CUDA, then MPS, then CPU).")
 @click.option("--amp", type=click.Choice(["auto", "bf16", "fp16", "off"]),
@@ -44,10 +57,10 @@ from optkit.cli.finetune import (
 @click.option("--recalibrate-bn", type=click.IntRange(min=1), metavar="N",
               help="Re-estimate BatchNorm statistics from N batches of --calib-data (after pruning).")
 @click.option("--calib-data", metavar="SPEC",
-              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn and to calibrate --insert-bn.")
+              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn, --insert-bn and --importance taylor.")
 @click.option("--fold-bn", is_flag=True, help="Fold BatchNorms into the preceding conv/linear layers (last pass).")
 @click.option("--iterative-steps", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Prune in this many steps whose ratios compound to --prune; with --finetune, fine-tune after each.")
+              help="Prune in this many steps (compounding to --prune or the target); with --finetune, fine-tune after each.")
 @click.option("--finetune", "finetune_data", metavar="SPEC",
               help="Fine-tune after pruning on this dataset (fashion-mnist, imagefolder:DIR, ...); see the training flags.")
 @training_options
@@ -106,7 +119,8 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
             pipeline.input_shape = input_shape
         return pipeline
     if not entries:
-        raise click.UsageError("nothing to do: give --prune RATIO, --finetune SPEC (or another pass flag) or --recipe FILE")
+        raise click.UsageError("nothing to do: give --prune RATIO, --target-macs FRACTION, --finetune SPEC (or another pass flag) "
+                               "or --recipe FILE")
     data = {"input_shape": list(input_shape or default_input_shape(model)), "pass": entries}
     return Pipeline.from_dict(data, source="command-line flags")
 
@@ -117,10 +131,18 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     if flags.get("device") is not None:
         entries.append({"name": "to_device", "device": flags["device"]})
     calib_data = flags.get("calib_data")
+    targets = {key: flags[key] for key in ("target_macs", "target_params") if flags.get(key) is not None}
+    if len(targets) > 1:
+        raise click.UsageError("give --target-macs or --target-params, not both")
+    if targets and (flags["ratio"] is not None or flags["method"] != "structured"):
+        raise click.UsageError("--target-macs/--target-params replace --prune and apply to structured pruning only")
+    taylor = flags.get("importance") == "taylor"
+    if taylor and calib_data is None:
+        raise click.UsageError("--importance taylor needs data: add --calib-data SPEC (e.g. fashion-mnist)")
     if flags.get("recalibrate_bn") is not None and calib_data is None:
         raise click.UsageError("--recalibrate-bn needs data: add --calib-data SPEC (e.g. fashion-mnist)")
-    if calib_data is not None and not flags.get("insert_bn") and flags.get("recalibrate_bn") is None:
-        raise click.UsageError("--calib-data is used only by --insert-bn and --recalibrate-bn; add one of them")
+    if calib_data is not None and not (flags.get("insert_bn") or flags.get("recalibrate_bn") is not None or taylor):
+        raise click.UsageError("--calib-data is used only by --insert-bn, --recalibrate-bn and --importance taylor")
     if flags.get("insert_bn"):
         entries.append({"name": "insert_batchnorm", **({"data": calib_data} if calib_data else {})})
     after_prune = []
@@ -138,8 +160,8 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
         for _ in range(steps):
             entries += [_prune_entry(flags, step_ratio), *(dict(e) for e in after_prune)]
     else:
-        if flags["ratio"] is not None:
-            entry = _prune_entry(flags, flags["ratio"])
+        if flags["ratio"] is not None or targets:
+            entry = _prune_entry(flags, flags["ratio"], targets)
             if steps > 1 and entry["name"] == "structured_prune":
                 entry["iterative_steps"] = steps
             entries.append(entry)
@@ -155,11 +177,16 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
-def _prune_entry(flags: dict[str, Any], ratio: float) -> dict[str, Any]:
-    if flags["method"] == "structured":
-        return {"name": "structured_prune", "ratio": ratio, "round_to": flags["round_to"],
-                "importance": flags["importance"], "global": flags["global_"]}
-    return {"name": "l1_unstructured", "ratio": ratio, "global": flags["global_"]}
+def _prune_entry(flags: dict[str, Any], ratio: float | None, targets: dict[str, float] | None = None) -> dict[str, Any]:
+    if flags["method"] != "structured":
+        return {"name": "l1_unstructured", "ratio": ratio, "global": flags["global_"]}
+    entry = {"name": "structured_prune", "round_to": flags["round_to"], "importance": flags["importance"],
+             "global": flags["global_"], **(targets or {})}
+    if ratio is not None:
+        entry["ratio"] = ratio
+    if flags["importance"] == "taylor":
+        entry["data"] = flags["calib_data"]
+    return entry
 
 
 def _set_data_workers(entries: list[dict[str, Any]], workers: int | str) -> None:

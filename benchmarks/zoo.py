@@ -1,0 +1,281 @@
+"""Structured pruning (ratio 0.3) on every torchvision classification model.
+
+Each model runs in its own subprocess under a memory cap and a time limit, so
+one model that loops or blows up cannot hang or kill the run. For each model
+the table records: ok or the error, MACs and params after / before, pruning
+wall time, whether forward and backward run with the output shape unchanged,
+and the layers left untouched (with reasons, in the JSON). The same run also
+times pruning resnet50 with optkit against calling torch-pruning directly with
+the same settings.
+
+Usage (timings matter, so hold the shared benchmark lock):
+
+    flock /tmp/optkit-bench.lock python benchmarks/zoo.py
+
+Writes benchmarks/results/zoo.json and benchmarks/results/zoo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import select
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RATIO = 0.3
+MEMORY_CAP_BYTES = 10 * 1024**3
+PRUNE_TIMEOUT_S = 240.0
+PROCESS_TIMEOUT_S = 420.0
+COMPARE_REPEATS = 3
+COMPARE = "compare:resnet50"
+
+
+def input_shape(name: str, size: int) -> tuple[int, int, int, int]:
+    """``size`` x ``size``, except for models whose input size is fixed (ViT, MaxViT: 224)."""
+    fixed = name.startswith("vit_") or name == "maxvit_t"
+    return (1, 3, 224, 224) if fixed else (1, 3, size, size)
+
+
+def run_model(name: str, size: int) -> dict:
+    """Prune one model and check it (runs inside the worker subprocess)."""
+    import torch
+
+    from optkit.metrics import count_macs, count_params
+    from optkit.models import load_model
+    from optkit.passes.prune import StructuredPrune
+
+    torch.manual_seed(0)
+    shape = input_shape(name, size)
+    model = load_model(f"torchvision:{name}")
+    macs0, params0 = count_macs(model, shape), count_params(model)
+    start = time.perf_counter()
+    result = StructuredPrune(ratio=RATIO, input_shape=shape, timeout_s=PRUNE_TIMEOUT_S).apply(model)
+    seconds = time.perf_counter() - start
+    macs1, params1 = count_macs(model, shape), count_params(model)
+    model.train()
+    out = model(torch.randn(*shape))
+    out.float().sum().backward()
+    skipped = result.details["skipped_layers"]
+    return {
+        "model": name, "status": "ok", "input_shape": list(shape),
+        "macs_before": macs0, "macs_after": macs1, "macs_ratio": round(macs1 / macs0, 4),
+        "params_before": params0, "params_after": params1, "params_ratio": round(params1 / params0, 4),
+        "prune_seconds": round(seconds, 3), "output_shape": list(out.shape),
+        "output_shape_ok": list(out.shape) == [shape[0], 1000], "backward_ok": True,
+        "skipped_count": len(skipped), "skipped_layers": skipped,
+    }
+
+
+def compare_resnet50() -> dict:
+    """Median wall time of pruning resnet50 at 0.3: optkit vs torch-pruning called directly."""
+    import torch
+    import torch_pruning as tp
+    import torchvision
+
+    from optkit.passes.prune import StructuredPrune
+
+    shape = (1, 3, 224, 224)
+
+    def direct(model):
+        example = torch.randn(*shape)
+        pruner = tp.pruner.BasePruner(model, example, importance=tp.importance.GroupMagnitudeImportance(p=1),
+                                      pruning_ratio=RATIO, ignored_layers=[model.fc], round_to=8)
+        pruner.step()
+
+    def optkit(model):
+        StructuredPrune(ratio=RATIO, round_to=8, input_shape=shape).apply(model)
+
+    times: dict[str, list[float]] = {"optkit": [], "torch_pruning": []}
+    for _ in range(COMPARE_REPEATS):
+        for label, fn in (("torch_pruning", direct), ("optkit", optkit)):
+            model = torchvision.models.resnet50()
+            start = time.perf_counter()
+            fn(model)
+            times[label].append(time.perf_counter() - start)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    return {"repeats": COMPARE_REPEATS, "seconds": times, "median_s": medians,
+            "optkit_over_direct": round(medians["optkit"] / medians["torch_pruning"], 3)}
+
+
+def worker(size: int, tasks: list[str]) -> None:
+    """Run tasks in order, printing one ``RESULT`` line each (runs inside the worker subprocess)."""
+    import gc
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
+    for task in tasks:
+        try:
+            result = compare_resnet50() if task == COMPARE else run_model(task, size)
+        except Exception as e:  # one model's failure is a result, not the end of the run
+            result = {"model": task, "status": "error", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print("RESULT " + json.dumps(result), flush=True)
+        gc.collect()
+
+
+def run_all(tasks: list[str], on_result, size: int) -> list[dict]:
+    """Run tasks in a worker subprocess, restarting it after a crash or a model that overruns its limit."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    results: list[dict] = []
+    pending = list(tasks)
+    while pending:
+        proc = subprocess.Popen([sys.executable, __file__, "--size", str(size), "--worker", *pending], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        os.set_blocking(proc.stdout.fileno(), False)
+        deadline, buffer = time.monotonic() + PROCESS_TIMEOUT_S, ""
+        while pending:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = proc.stdout.read() if ready else None
+            if ready and chunk:
+                buffer += chunk
+                while "\n" in buffer:
+                    line, buffer = buffer.split("\n", 1)
+                    if line.startswith("RESULT "):
+                        results.append(json.loads(line[len("RESULT "):]))
+                        on_result(results[-1])
+                        pending.pop(0)
+                        deadline = time.monotonic() + PROCESS_TIMEOUT_S
+                continue
+            if ready and proc.poll() is None:
+                continue
+            proc.kill()
+            stderr = proc.communicate()[1]
+            why = (f"no result within {PROCESS_TIMEOUT_S:g} s" if proc.returncode == -9 and not ready
+                   else (stderr.strip().splitlines() or [f"worker exited with code {proc.returncode}"])[-1][:300])
+            results.append({"model": pending.pop(0), "status": "error", "error": why})
+            on_result(results[-1])
+            break
+        else:
+            proc.wait()
+    return results
+
+
+def markdown(data: dict) -> str:
+    rows = data["models"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    pending = data.get("pending") or []
+    passing = [r for r in ok if r["macs_ratio"] <= 0.75 and r["output_shape_ok"] and r["backward_ok"]]
+    cmp_ = data["resnet50_compare"]
+    lines = [
+        "# Structured pruning on the torchvision zoo",
+        "",
+        f"Command: `{data['command']}`",
+        "",
+        *([data["note"], ""] if data.get("note") else []),
+        f"Machine: {data['machine']}; torch {data['torch']}, torchvision {data['torchvision']}, "
+        f"torch-pruning {data['torch_pruning']}. Random-init weights, ratio {RATIO}, round_to 8, L1 importance, "
+        f"input {data['size']}x{data['size']} (ViT and MaxViT: 224x224, fixed by the models); MACs counted at that input. "
+        "Models run in worker subprocesses (10 GiB address-space cap, per-model time limits) that are restarted "
+        "after a crash or an overrun.",
+        "",
+        f"**{len(passing)} of {len(rows) + len(pending)}** models prune, run forward and backward with the output shape "
+        "unchanged, and reach a MACs ratio of at most 0.75.",
+        "",
+    ]
+    if "optkit_over_direct" in cmp_:
+        med = cmp_["median_s"]
+        lines += [f"resnet50 pruning time (median of {cmp_['repeats']}, interleaved): optkit {med['optkit']:.3f} s, "
+                  f"torch-pruning directly {med['torch_pruning']:.3f} s: **{cmp_['optkit_over_direct']:.2f}x**.", ""]
+    else:
+        lines += [f"resnet50 comparison failed: {cmp_.get('error')}", ""]
+    lines += ["| model | result | MACs after/before | params after/before | prune s | skipped layers |",
+              "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | |")
+            continue
+        result = "ok" if r["output_shape_ok"] and r["backward_ok"] else "output shape changed"
+        skipped = _skipped_summary(r["skipped_layers"])
+        lines.append(f"| {r['model']} | {result} | {r['macs_ratio']:.3f} | {r['params_ratio']:.3f} | "
+                     f"{r['prune_seconds']:.2f} | {skipped} |")
+    if pending:
+        lines += ["", f"Not run (the run was cut short): {', '.join(pending)}."]
+    lines += ["", "Skipped layers keep their width; the JSON lists each with its reason."]
+    return "\n".join(lines) + "\n"
+
+
+def _skipped_summary(skipped: dict[str, str]) -> str:
+    if not skipped:
+        return "none"
+    reasons: dict[str, int] = {}
+    for reason in skipped.values():
+        key = reason.split(":")[0].split(" (")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return "; ".join(f"{n} × {reason}" for reason, n in reasons.items())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="*", help="only these models (default: all classification models)")
+    parser.add_argument("--size", type=int, default=224, help="input height and width (ViT and MaxViT always use 224)")
+    parser.add_argument("--parallel", type=int, default=1, help="worker subprocesses running models at once")
+    parser.add_argument("--note", default="", help="a remark on the run conditions, written into zoo.md")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.size, args.worker)
+        return
+
+    import torch
+    import torch_pruning
+    import torchvision
+
+    from optkit._io import write_text
+
+    names = args.models or sorted(torchvision.models.list_models(module=torchvision.models), key=_cost)
+    started = time.perf_counter()
+    command = "python " + " ".join(["benchmarks/zoo.py", *sys.argv[1:]])
+    data = {
+        "command": command, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "torch": torch.__version__, "torchvision": torchvision.__version__, "torch_pruning": torch_pruning.__version__,
+        "note": args.note, "ratio": RATIO, "size": args.size, "resnet50_compare": {}, "models": [], "pending": list(names),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        data["total_seconds"] = round(time.perf_counter() - started, 1)
+        write_text(RESULTS / "zoo.json", json.dumps(data, indent=1) + "\n")
+        write_text(RESULTS / "zoo.md", markdown(data))
+
+    # The timing comparison runs first, before the run heats up or is cut short.
+    data["resnet50_compare"] = run_all([COMPARE], lambda row: None, args.size)[0]
+    print(f"resnet50 optkit/direct: {data['resnet50_compare'].get('optkit_over_direct')}", flush=True)
+
+    lock = threading.Lock()
+
+    def report(row: dict) -> None:
+        with lock:
+            data["models"].append(row)
+            data["pending"].remove(row["model"])
+            data["models"].sort(key=lambda r: r["model"])
+            save()
+        summary = (f"macs {row['macs_ratio']:.3f} in {row['prune_seconds']:.1f} s" if row["status"] == "ok"
+                   else f"error: {row['error']}")
+        print(f"[{len(data['models'])}/{len(names)}] {row['model']}: {summary}", flush=True)
+
+    shares = [names[i::args.parallel] for i in range(args.parallel)]
+    threads = [threading.Thread(target=run_all, args=(share, report, args.size)) for share in shares]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    save()
+
+
+def _cost(name: str) -> tuple[int, str]:
+    # Run the largest models last (rough size classes from the name), so a cut-short run covers the most models.
+    heavy = ("vit_h", "regnet_y_128", "vit_l", "regnet_y_32", "regnet_y_16", "efficientnet_b7", "swin_v2_b",
+             "efficientnet_v2_l", "regnet_x_32", "vgg19", "vgg16", "convnext_large")
+    rank = next((i for i, h in enumerate(reversed(heavy), 1) if name.startswith(h)), 0)
+    return rank, name
+
+
+if __name__ == "__main__":
+    main()

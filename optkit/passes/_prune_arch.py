@@ -1,0 +1,87 @@
+"""What structured pruning must know about particular architectures.
+
+torch-pruning follows most models from a traced autograd graph alone. A few
+torchvision families need help, collected here so the pass itself stays generic:
+
+* window attention and patch merging (Swin v1/v2, MaxViT): traced as one
+  opaque node each and pruned as units by :mod:`optkit.passes._prune_opaque`;
+* ``nn.MultiheadAttention`` (ViT): pruned per head group, with the class token
+  and position embedding pruned along and ``hidden_dim`` written back;
+* channel shuffle (ShuffleNetV2): a channel permutation torch-pruning cannot
+  map, so each shuffle block is traced as a unit that keeps its output width
+  (a downsampling block's input may shrink), and its ``branch2`` (whose inner
+  channels do not cross a shuffle) is pruned on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from optkit.passes import _prune_opaque
+
+if TYPE_CHECKING:
+    from torch import nn
+
+SHUFFLE_REASON = ("a channel shuffle block keeps its output width (and a stride-1 block its input width): "
+                  "the shuffle is a permutation torch-pruning cannot follow")
+
+
+@dataclass
+class ArchSupport:
+    """Extra torch-pruning settings and fix-ups for one model.
+
+    Attributes:
+        opaque: modules traced as a single channel-preserving node.
+        customized_pruners: module type -> torch-pruning pruning function.
+        unwrapped_parameters: (parameter, dim) pairs torch-pruning prunes along the channel dim.
+        channel_groups: module -> number of channel groups pruned alike (attention heads).
+        fixed: module name -> why its output channels must keep their width.
+        subgraphs: names of sub-modules pruned on their own afterwards, keeping
+            their input and output widths.
+    """
+
+    opaque: list[Any] = field(default_factory=list)
+    customized_pruners: dict[type, Any] = field(default_factory=dict)
+    unwrapped_parameters: list[tuple[Any, int]] = field(default_factory=list)
+    channel_groups: dict[Any, int] = field(default_factory=dict)
+    fixed: dict[str, str] = field(default_factory=dict)
+    subgraphs: list[str] = field(default_factory=list)
+
+    def tracing(self) -> contextlib.AbstractContextManager:
+        """Context in which torch-pruning may trace the model."""
+        return _prune_opaque.opaque(self.opaque)
+
+    def finish(self, model: nn.Module) -> None:
+        """Write back attributes that must follow the new widths (ViT's ``hidden_dim``)."""
+        from torchvision.models.vision_transformer import VisionTransformer
+
+        for module in model.modules():
+            if isinstance(module, VisionTransformer):
+                module.hidden_dim = module.conv_proj.out_channels
+
+
+def arch_support(model: nn.Module) -> ArchSupport:
+    """Collect what torch-pruning needs to know about ``model``'s architecture."""
+    from torch import nn
+    from torchvision.models.shufflenetv2 import InvertedResidual
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    support = ArchSupport()
+    blocks = _prune_opaque.opaque_blocks(model)
+    if blocks:
+        support.opaque = blocks
+        pruners = _prune_opaque.pruners()
+        support.customized_pruners = {t: pruners[t] for t in {type(b) for b in blocks}}
+    for name, module in model.named_modules():
+        if isinstance(module, VisionTransformer):
+            support.unwrapped_parameters += [(module.class_token, 2), (module.encoder.pos_embedding, 2)]
+        elif isinstance(module, nn.MultiheadAttention):
+            support.channel_groups[module] = module.num_heads
+        elif isinstance(module, InvertedResidual):
+            support.opaque.append(module)
+            support.customized_pruners[InvertedResidual] = _prune_opaque.shuffle_block_pruner()
+            support.fixed[name] = SHUFFLE_REASON
+            support.subgraphs.append(f"{name}.branch2")
+    return support
