@@ -33,17 +33,25 @@ def prepare_output_dir(out_dir: str | os.PathLike, produced: Iterable[str], *, f
     return path
 
 
+STAGING_PREFIX = ".optkit-staging-"
+
+
 class StagedOutputs:
     """Write a run's files into a hidden staging folder, then move them into place together.
 
     Use as a context manager: files written under :attr:`staging` are moved to
     the output folder only if the block finishes without an exception;
     otherwise the staging folder is deleted and the output folder is unchanged.
+
+    The staging folder's name holds the writer's process id. A run killed
+    outright (SIGKILL, power loss) cannot clean up, so each new run first
+    removes staging folders left by processes that no longer exist.
     """
 
     def __init__(self, out_dir: str | os.PathLike):
         self.out_dir = Path(out_dir)
-        self.staging = Path(tempfile.mkdtemp(prefix=".optkit-staging-", dir=self.out_dir))
+        remove_stale_staging(self.out_dir)
+        self.staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.out_dir))
 
     def __enter__(self) -> StagedOutputs:
         return self
@@ -59,3 +67,24 @@ class StagedOutputs:
     def path(self, name: str) -> Path:
         """Where to write the output file ``name`` while staging."""
         return self.staging / name
+
+
+def remove_stale_staging(out_dir: str | os.PathLike) -> list[Path]:
+    """Delete staging folders in ``out_dir`` whose writing process has exited; returns those removed."""
+    removed = []
+    for item in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
+        pid = item.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if item.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(item, ignore_errors=True)
+            removed.append(item)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
