@@ -37,6 +37,9 @@ COMMAND_ARGS = {
                                           "--input-shape", "1,3,32,32", "--warmup", "0", "--repeats", "1"],
     "finetune": lambda path, out: ["finetune", str(path), "--data", "synthetic:8", "--epochs", "1",
                                    "--input-shape", "1,3,32,32", "--out", str(out)],
+    "finetune --teacher": lambda path, out: ["finetune", "torchvision:resnet18", "--data", "synthetic:8", "--epochs", "1",
+                                             "--distill", "--teacher", str(path), "--input-shape", "1,3,32,32",
+                                             "--out", str(out)],
 }
 
 
@@ -278,3 +281,17 @@ def test_fifo_passed_as_a_file_does_not_hang(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ModelLoadError, match="not a regular file"):
         read_checkpoint(fifo)
+
+
+def test_hostile_training_checkpoint_is_not_resumed(tmp_path):
+    """``--resume`` reads finetune.ckpt from --out: a planted hostile one is refused, its code never runs."""
+    if "finetune" not in main.commands:
+        pytest.skip("optkit has no finetune command on this branch")
+    marker, out = tmp_path / "marker", tmp_path / "out"
+    out.mkdir()
+    _zip_checkpoint(out / "finetune.ckpt", marker)
+    result = _invoke(["finetune", "torchvision:resnet18", "--data", "synthetic:8", "--epochs", "1",
+                      "--input-shape", "1,3,32,32", "--num-workers", "0", "--resume", "--out", str(out)])
+    assert result.exit_code == 1
+    assert "finetune.ckpt" in _error_line(result)
+    assert not marker.exists()
