@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-import sys
 import warnings
 import zipfile
 from dataclasses import dataclass, field
