@@ -11,7 +11,8 @@ Run (timings matter, so take the shared benchmark lock):
 
     flock /tmp/optkit-bench.lock python benchmarks/resources.py
 
-Writes benchmarks/results/resources.json and resources.md.
+Writes benchmarks/results/resources.json and resources.md (``--name`` changes
+the base name; ``--models`` and ``--repeats`` narrow a run).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from pathlib import Path
 
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 RESULTS = Path(__file__).resolve().parent / "results"
-REPEATS = 3
 COMMAND = "flock /tmp/optkit-bench.lock python benchmarks/resources.py"
 
 
-def worker(name: str, ratio: float, export: bool) -> dict:
+def worker(name: str, ratio: float, export: bool, repeats: int) -> dict:
     """Measure one model in this (fresh) process; returns plain numbers."""
     import resource
     import tempfile
@@ -51,7 +51,7 @@ def worker(name: str, ratio: float, export: bool) -> dict:
     row = {"model": name, "params_before": count_params(model), "peak_rss_after_build_mib": round(peak_mib(), 1)}
     prune = StructuredPrune(ratio=ratio, input_shape=(1, 3, 224, 224))
     seconds, cpu_seconds = [], []
-    for repeat in range(REPEATS):
+    for repeat in range(repeats):
         if repeat:
             model = load_model(f"torchvision:{name}").eval()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -82,10 +82,10 @@ def _has_export() -> bool:
     return importlib.util.find_spec("optkit.export") is not None
 
 
-def run_all(models: tuple[str, ...], ratio: float, export: bool) -> list[dict]:
+def run_all(models: tuple[str, ...], ratio: float, export: bool, repeats: int) -> list[dict]:
     rows = []
     for name in models:
-        command = [sys.executable, __file__, "--worker", name, "--ratio", str(ratio)]
+        command = [sys.executable, __file__, "--worker", name, "--ratio", str(ratio), "--repeats", str(repeats)]
         if not export:
             command.append("--no-export")
         done = subprocess.run(command, capture_output=True, text=True)
@@ -108,7 +108,7 @@ def to_markdown(meta: dict, rows: list[dict]) -> str:
         f"Command: `{meta['command']}`",
         "",
         f"Structured pruning at ratio {meta['ratio']} (group L1, round_to 8), input 1x3x224x224, "
-        f"random weights, one fresh process per model, pruning timed {REPEATS} times on fresh copies "
+        f"random weights, one fresh process per model, pruning timed {meta['repeats']} times on fresh copies "
         f"(min and median); peak RSS is `ru_maxrss` of that process after the first prune "
         f"(includes ~{meta['baseline_rss_mib']} MiB for Python + torch). Machine: {meta['machine']}, "
         f"torch {meta['torch']}, {meta['date']}.",
@@ -138,22 +138,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--ratio", type=float, default=0.3)
+    parser.add_argument("--repeats", type=int, default=3, help="Pruning runs per model (fresh copies).")
     parser.add_argument("--no-export", action="store_true", help="Skip the ONNX export measurement.")
+    parser.add_argument("--name", default="resources", help="Base name of the results files.")
     parser.add_argument("--worker", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.ratio, _has_export() and not args.no_export)))
+        print(json.dumps(worker(args.worker, args.ratio, _has_export() and not args.no_export, args.repeats)))
         return
     import torch
 
     export = _has_export() and not args.no_export
-    rows = run_all(tuple(args.models), args.ratio, export)
-    meta = {"command": COMMAND, "ratio": args.ratio, "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+    rows = run_all(tuple(args.models), args.ratio, export, args.repeats)
+    meta = {"command": " ".join([COMMAND, *sys.argv[1:]]), "ratio": args.ratio, "repeats": args.repeats,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "baseline_rss_mib": _baseline_rss()}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "resources.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    (RESULTS / "resources.md").write_text(to_markdown(meta, rows))
-    print((RESULTS / "resources.md").read_text())
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(to_markdown(meta, rows))
+    print((RESULTS / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":
