@@ -42,6 +42,8 @@ class StagedOutputs:
     Use as a context manager: files written under :attr:`staging` are moved to
     the output folder only if the block finishes without an exception;
     otherwise the staging folder is deleted and the output folder is unchanged.
+    An ``OSError`` while writing (a full disk, a read-only folder) becomes an
+    :class:`OptkitError` that names the folder and what to do.
 
     The staging folder's name holds the writer's process id. A run killed
     outright (SIGKILL, power loss) cannot clean up, so each new run first
@@ -61,12 +63,21 @@ class StagedOutputs:
             if exc_type is None:
                 for item in sorted(self.staging.iterdir()):
                     os.replace(item, self.out_dir / item.name)
+        except OSError as e:
+            raise _write_error(self.out_dir, e) from e
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
+        if exc_type is not None and issubclass(exc_type, OSError):
+            raise _write_error(self.out_dir, exc) from exc
 
     def path(self, name: str) -> Path:
         """Where to write the output file ``name`` while staging."""
         return self.staging / name
+
+
+def _write_error(out_dir: Path, error: OSError) -> OptkitError:
+    return OptkitError(f"cannot write results to {out_dir}: {error.strerror or error}; "
+                       "free space or choose another --out")
 
 
 def remove_stale_staging(out_dir: str | os.PathLike) -> list[Path]:

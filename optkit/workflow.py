@@ -52,25 +52,21 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         the report (as written to ``report.json``).
 
     Raises:
-        OptkitError: for an unusable output folder (also when a write fails,
-            e.g. the disk is full), a model that does not run at the
-            pipeline's input shape, or a failing pass (``PassError``).
+        OptkitError: for an unusable output folder, a model that does not run
+            at the pipeline's input shape, or a failing pass (``PassError``).
     """
     out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force)
     check_runs(loaded, pipeline.input_shape)
     run = pipeline.run(loaded.model, on_pass=on_pass)
     recipe_text = pipeline.to_toml()
-    try:
-        with StagedOutputs(out) as staged:
-            checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
-            staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
-            files = {"model.pt": staged.path("model.pt").stat().st_size}
-            report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files)
-            if loaded.arch is None:
-                report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
-            staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-            staged.path("report.md").write_text(to_markdown(report), encoding="utf-8")
-    except OSError as e:
-        raise OptkitError(f"cannot write results to {out}: {e.strerror or e}; free space or choose another --out") from e
+    with StagedOutputs(out) as staged:
+        checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
+        staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
+        files = {"model.pt": staged.path("model.pt").stat().st_size}
+        report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files)
+        if loaded.arch is None:
+            report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
+        staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        staged.path("report.md").write_text(to_markdown(report), encoding="utf-8")
     return report
 
