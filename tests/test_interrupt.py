@@ -186,7 +186,7 @@ def test_sigkill_during_finetune_then_resume(tmp_path):
     out = tmp_path / "out"
     args = [sys.executable, "-m", "optkit", "finetune", "torchvision:resnet18", "--data", "synthetic:96:3x32x32:4",
             "--num-classes", "4", "--epochs", "2", "--batch-size", "16", "--checkpoint-every", "2",
-            "--num-workers", "0", "--out", str(out)]
+            "--out", str(out)]
     proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ckpt = out / "finetune.ckpt"
     deadline = time.monotonic() + 600

@@ -291,7 +291,7 @@ def test_hostile_training_checkpoint_is_not_resumed(tmp_path):
     out.mkdir()
     _zip_checkpoint(out / "finetune.ckpt", marker)
     result = _invoke(["finetune", "torchvision:resnet18", "--data", "synthetic:8", "--epochs", "1",
-                      "--input-shape", "1,3,32,32", "--num-workers", "0", "--resume", "--out", str(out)])
+                      "--input-shape", "1,3,32,32", "--resume", "--out", str(out)])
     assert result.exit_code == 1
     assert "finetune.ckpt" in _error_line(result)
     assert not marker.exists()
