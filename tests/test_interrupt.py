@@ -187,14 +187,16 @@ def test_sigkill_during_finetune_then_resume(tmp_path):
     args = [sys.executable, "-m", "optkit", "finetune", "torchvision:resnet18", "--data", "synthetic:96:3x32x32:4",
             "--num-classes", "4", "--epochs", "2", "--batch-size", "16", "--checkpoint-every", "2",
             "--out", str(out)]
-    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = open(tmp_path / "stderr.txt", "w")
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=log)
     ckpt = out / "finetune.ckpt"
     deadline = time.monotonic() + 600
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert ckpt.exists(), "no training checkpoint was written before the run ended"
+    log.close()
+    assert ckpt.exists(), (tmp_path / "stderr.txt").read_text()[-2000:]
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state"]
     assert check_outputs_intact(out) == set()
     resumed = subprocess.run([*args, "--resume"], env=_env(), capture_output=True, text=True, timeout=600)
