@@ -46,7 +46,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``.
 
     All files appear together at the end, or none do (a failure leaves
-    ``out_dir`` as it was).
+    ``out_dir`` as it was). In a distributed run only rank 0 writes.
 
     Returns:
         the report (as written to ``report.json``).
@@ -55,10 +55,17 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         OptkitError: for an unusable output folder, a model that does not run
             at the pipeline's input shape, or a failing pass (``PassError``).
     """
-    out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force)
+    from optkit.train import is_main_process
+
+    # Under torchrun every rank runs the pipeline (pruning identically, then training
+    # together); only rank 0 writes.
+    main = is_main_process()
+    out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force) if main else None
     check_runs(loaded, pipeline.input_shape)
-    run = pipeline.run(loaded.model, on_pass=on_pass)
+    run = pipeline.run(loaded.model, on_pass=on_pass if main else None)
     recipe_text = pipeline.to_toml()
+    if not main:
+        return build_report(run, model=loaded.source, input_shape=pipeline.input_shape)
     with StagedOutputs(out) as staged:
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")

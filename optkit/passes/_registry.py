@@ -19,8 +19,12 @@ if TYPE_CHECKING:
     from optkit.passes.base import Pass
 
 _PASSES: dict[str, str] = {
+    "finetune": "optkit.passes.finetune:FineTune",
     "l1_unstructured": "optkit.passes.prune:L1Unstructured",
     "structured_prune": "optkit.passes.prune:StructuredPrune",
+    "insert_batchnorm": "optkit.passes.batchnorm:InsertBatchNorm",
+    "fold_batchnorm": "optkit.passes.batchnorm:FoldBatchNorm",
+    "recalibrate_batchnorm": "optkit.passes.batchnorm:RecalibrateBatchNorm",
     "to_device": "optkit.passes.device:ToDevice",
     "channels_last": "optkit.passes.device:ChannelsLast",
     "autocast": "optkit.passes.precision:Autocast",
