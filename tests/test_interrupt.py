@@ -81,10 +81,11 @@ def _run_killed_at(point: str, out: Path, *extra: str) -> int:
     return done.returncode
 
 
-def check_outputs_intact(out: Path) -> set[str]:
-    """Every visible file is a complete output; returns the names present."""
+def check_outputs_intact(out: Path, also: tuple[str, ...] = ()) -> set[str]:
+    """Every visible file is a complete output (or one of ``also``); returns the output names present."""
     visible = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.exists() else set()
-    assert visible <= set(OUTPUT_FILES), visible
+    assert visible <= set(OUTPUT_FILES) | set(also), visible
+    visible -= set(also)
     hidden = [p for p in out.iterdir() if p.name.startswith(".")] if out.exists() else []
     assert all(p.is_dir() and p.name.startswith(STAGING_PREFIX) for p in hidden), hidden
     if "model.pt" in visible:
@@ -198,8 +199,8 @@ def test_sigkill_during_finetune_then_resume(tmp_path):
     log.close()
     assert ckpt.exists(), (tmp_path / "stderr.txt").read_text()[-2000:]
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state"]
-    assert check_outputs_intact(out) == set()
+    assert state, "the checkpoint records where training stopped"
+    assert check_outputs_intact(out, also=("finetune.ckpt",)) == set()
     resumed = subprocess.run([*args, "--resume"], env=_env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    assert check_outputs_intact(out) == set(OUTPUT_FILES)
-    assert state, "the checkpoint records where training stopped"
+    assert check_outputs_intact(out, also=("finetune.ckpt",)) == set(OUTPUT_FILES)

@@ -290,7 +290,7 @@ def test_hostile_training_checkpoint_is_not_resumed(tmp_path):
     marker, out = tmp_path / "marker", tmp_path / "out"
     out.mkdir()
     _zip_checkpoint(out / "finetune.ckpt", marker)
-    result = _invoke(["finetune", "torchvision:resnet18", "--data", "synthetic:8", "--epochs", "1",
+    result = _invoke(["finetune", "torchvision:resnet18", "--data", "synthetic:64", "--epochs", "1", "--batch-size", "8",
                       "--input-shape", "1,3,32,32", "--resume", "--out", str(out)])
     assert result.exit_code == 1
     assert "finetune.ckpt" in _error_line(result)
