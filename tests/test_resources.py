@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Peak RSS budgets (MiB), about 1.35x the figures measured for resnet50 at 1x3x224x224:
-#: pruning ~950 MiB, pruning then export (TorchScript exporter) ~1045 MiB.
+#: pruning ~950 MiB, pruning then export (TorchScript exporter) ~1070 MiB.
 PRUNE_BUDGET_MIB = 1300
 EXPORT_BUDGET_MIB = 1400
 
