@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 import torch
@@ -76,27 +77,51 @@ def save(model: nn.Module, path: str | os.PathLike, arch: ArchSpec | None, *, ex
         torch.save(payload, tmp)
 
 
-def rebuild(checkpoint: dict[str, Any], *, trust: bool = False) -> tuple[nn.Module, ArchSpec]:
+def rebuild(checkpoint: dict[str, Any], *, trust: bool = False,
+            confirmed_arch: str | None = None) -> tuple[nn.Module, ArchSpec]:
     """Build the model a slimmed checkpoint describes and load its weights.
 
+    Args:
+        checkpoint: the loaded file.
+        trust: allow any class and any architecture module.
+        confirmed_arch: the architecture the user named (``--arch``); it confirms a
+            recorded ``package.module:Class`` whose module is not yet imported.
+
     Raises:
-        ModelLoadError: for a newer format, a class outside the allowed
-            packages, or weights that do not fit.
+        ModelLoadError: for a newer format, an architecture module or class
+            outside the allowed ones, a malformed structure, or weights that do not fit.
     """
     if checkpoint.get("version", 0) > VERSION:
         raise ModelLoadError(f"checkpoint format {checkpoint.get('version')} is newer than this optkit understands; upgrade optkit")
-    arch = ArchSpec(checkpoint["arch"]["spec"], dict(checkpoint["arch"].get("kwargs", {})))
-    model = arch.build()
-    allowed = _SAFE_MODULE_PREFIXES + (arch.spec.split(":")[0] + ".",)
-    for path, entry in checkpoint["structure"].items():
-        _apply_entry(model, path, entry, allowed, trust)
-    state_dict = checkpoint["state_dict"]
-    _resize_tensors(model, state_dict)
+    try:
+        arch = ArchSpec(checkpoint["arch"]["spec"], dict(checkpoint["arch"].get("kwargs", {})))
+        _check_arch_module(arch.spec, confirmed=confirmed_arch, trust=trust)
+        model = arch.build()
+        allowed = _SAFE_MODULE_PREFIXES + (arch.spec.split(":")[0] + ".",)
+        for path, entry in checkpoint["structure"].items():
+            _apply_entry(model, path, entry, allowed, trust)
+        state_dict = checkpoint["state_dict"]
+        _resize_tensors(model, state_dict)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ModelLoadError(f"malformed optkit checkpoint ({type(e).__name__}: {e}); save the model again") from e
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as e:
         raise ModelLoadError(f"slimmed checkpoint weights do not fit the rebuilt model: {str(e).splitlines()[0]}") from e
     return model, arch
+
+
+def _check_arch_module(spec: str, *, confirmed: str | None, trust: bool) -> None:
+    # Importing a module runs its top-level code, so a file may only name a
+    # module that is part of optkit's own stack or already imported, unless
+    # the user names the same architecture or trusts the file.
+    module_name = spec.partition(":")[0]
+    if trust or confirmed == spec or module_name in sys.modules:
+        return
+    if module_name.split(".")[0] in ("torchvision", "optkit"):
+        return
+    raise ModelLoadError(f"checkpoint's architecture {spec} would import module {module_name} and run its code; "
+                         f"if you expect that architecture pass --arch {spec}, or --trust if you trust the file")
 
 
 def structure_diff(reference: nn.Module, model: nn.Module) -> dict[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ import importlib
 import inspect
 import os
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,11 @@ import torch
 from torch import nn
 
 from optkit.errors import ModelLoadError
+
+#: How much a zip checkpoint's members may expand beyond the file's own size.
+#: ``torch.save`` stores members uncompressed, so a real checkpoint never
+#: expands; a deflated archive could inflate a small file into gigabytes.
+ZIP_EXPANSION_SLACK = 1 << 20
 
 TRUST_HINT = (
     "it contains pickled Python objects, and unpickling can run arbitrary code; "
@@ -117,7 +123,7 @@ def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int |
     from optkit import checkpoint
 
     if checkpoint.is_slimmed(obj):
-        model, architecture = checkpoint.rebuild(obj, trust=trust)
+        model, architecture = checkpoint.rebuild(obj, trust=trust, confirmed_arch=arch)
         return LoadedModel(model, architecture, text)
     if isinstance(obj, nn.Module):
         return LoadedModel(obj.cpu(), None, text)
@@ -155,6 +161,8 @@ def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         raise ModelLoadError(f"{p}: no such file (give a checkpoint path or torchvision:NAME)")
     if p.is_dir():
         raise ModelLoadError(f"{p} is a directory; give the checkpoint file inside it")
+    if not p.is_file():
+        raise ModelLoadError(f"{p} is not a regular file (a pipe, socket or device); give a checkpoint file")
     if p.stat().st_size == 0:
         raise ModelLoadError(f"{p} is empty; it is not a PyTorch checkpoint")
     with open(p, "rb") as f:
@@ -162,6 +170,8 @@ def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
     # torch.save writes a zip archive ("PK"); older files are raw pickles (0x80 = protocol 2+).
     if magic != b"PK" and magic[:1] != b"\x80":
         raise ModelLoadError(f"{p} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
+    if magic == b"PK":
+        _check_zip(p)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -170,6 +180,20 @@ def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         if "Weights only load failed" in str(e):
             raise ModelLoadError(f"{p} was refused: {TRUST_HINT}") from e
         raise ModelLoadError(f"{p} is not a readable PyTorch checkpoint ({type(e).__name__}: {_short(e)})") from e
+
+
+def _check_zip(path: Path) -> None:
+    """Refuse a damaged archive, or one whose members would inflate far beyond the file's size."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            expanded = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ModelLoadError(f"{path} is truncated or damaged (not a complete zip archive: {_short(e)}); "
+                             "download or save it again") from e
+    size = path.stat().st_size
+    if expanded > size + ZIP_EXPANSION_SLACK:
+        raise ModelLoadError(f"{path} is a compressed archive that would expand from {size} to {expanded} bytes "
+                             "in memory; torch.save never compresses, so re-save the model with torch.save")
 
 
 def _short(error: BaseException) -> str:

@@ -33,17 +33,27 @@ def prepare_output_dir(out_dir: str | os.PathLike, produced: Iterable[str], *, f
     return path
 
 
+STAGING_PREFIX = ".optkit-staging-"
+
+
 class StagedOutputs:
     """Write a run's files into a hidden staging folder, then move them into place together.
 
     Use as a context manager: files written under :attr:`staging` are moved to
     the output folder only if the block finishes without an exception;
     otherwise the staging folder is deleted and the output folder is unchanged.
+    An ``OSError`` while writing (a full disk, a read-only folder) becomes an
+    :class:`OptkitError` that names the folder and what to do.
+
+    The staging folder's name holds the writer's process id. A run killed
+    outright (SIGKILL, power loss) cannot clean up, so each new run first
+    removes staging folders left by processes that no longer exist.
     """
 
     def __init__(self, out_dir: str | os.PathLike):
         self.out_dir = Path(out_dir)
-        self.staging = Path(tempfile.mkdtemp(prefix=".optkit-staging-", dir=self.out_dir))
+        remove_stale_staging(self.out_dir)
+        self.staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.out_dir))
 
     def __enter__(self) -> StagedOutputs:
         return self
@@ -53,9 +63,39 @@ class StagedOutputs:
             if exc_type is None:
                 for item in sorted(self.staging.iterdir()):
                     os.replace(item, self.out_dir / item.name)
+        except OSError as e:
+            raise _write_error(self.out_dir, e) from e
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
+        if exc_type is not None and issubclass(exc_type, OSError):
+            raise _write_error(self.out_dir, exc) from exc
 
     def path(self, name: str) -> Path:
         """Where to write the output file ``name`` while staging."""
         return self.staging / name
+
+
+def _write_error(out_dir: Path, error: OSError) -> OptkitError:
+    return OptkitError(f"cannot write results to {out_dir}: {error.strerror or error}; "
+                       "free space or choose another --out")
+
+
+def remove_stale_staging(out_dir: str | os.PathLike) -> list[Path]:
+    """Delete staging folders in ``out_dir`` whose writing process has exited; returns those removed."""
+    removed = []
+    for item in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
+        pid = item.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if item.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(item, ignore_errors=True)
+            removed.append(item)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, owned by another user
+    return True
