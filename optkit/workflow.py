@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from optkit import checkpoint
 from optkit.errors import OptkitError
+from optkit.inspect import layer_channels
 from optkit.models import LoadedModel
 from optkit.outputs import StagedOutputs, prepare_output_dir
 from optkit.pipeline import Pipeline
-from optkit.report import build_report, to_markdown
+from optkit.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
-OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md")
+OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
 
 
 def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
@@ -43,7 +45,8 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
              on_pass: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
-    """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``.
+    """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
+    and ``channels.png`` (output channels per layer, before and after).
 
     All files appear together at the end, or none do (a failure leaves
     ``out_dir`` as it was).
@@ -57,16 +60,22 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     """
     out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force)
     check_runs(loaded, pipeline.input_shape)
+    # Passes change the model in place, so the channels before must be read first.
+    channels = {"before": layer_channels(loaded.model)}
     run = pipeline.run(loaded.model, on_pass=on_pass)
+    channels["after"] = layer_channels(checkpoint.unwrap(run.model))
     recipe_text = pipeline.to_toml()
     with StagedOutputs(out) as staged:
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
         files = {"model.pt": staged.path("model.pt").stat().st_size}
-        report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files)
+        source = Path(loaded.source)
+        report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
+                              channels=channels, input_file_size=source.stat().st_size if source.is_file() else None)
         if loaded.arch is None:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        staged.path("report.md").write_text(to_markdown(report), encoding="utf-8")
+        plot = CHANNELS_PLOT if plot_channels(report, staged.path(CHANNELS_PLOT)) else None
+        staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
     return report
 
