@@ -32,7 +32,7 @@ def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: b
     ONNX Runtime). With --compare A B, both are timed the same way and the
     ratio of their medians is printed (above 1: B is faster).
 
-    Example: optkit bench --compare torchvision:resnet18 runs/demo/model.pt --batch-size 1
+    Example: optkit bench --compare torchvision:resnet18 runs/demo/model.pt
     """
     if (model is None) == (compare is None):
         raise click.UsageError("give one MODEL, or --compare A B")
