@@ -116,9 +116,22 @@ def structure_diff(reference: nn.Module, model: nn.Module) -> dict[str, dict[str
         if not is_new:
             ref_attrs = _plain_attributes(ref)
             attrs = {k: v for k, v in attrs.items() if ref_attrs.get(k, _MISSING) != v}
-        if is_new or attrs:
-            diff[path] = {"type": _qualified_name(type(module)), "new": is_new, "attrs": attrs}
+        if is_new:
+            diff[path] = {"type": _qualified_name(type(module)), "new": True, "attrs": attrs, **_slots(module)}
+        elif attrs:
+            diff[path] = {"type": _qualified_name(type(module)), "new": False, "attrs": attrs}
     return diff
+
+
+def _slots(module: nn.Module) -> dict[str, Any]:
+    # What a state_dict leaves out of a module built without __init__: parameters
+    # and buffers registered as None (e.g. bias=False) and non-persistent buffers.
+    return {
+        "empty_parameters": [k for k, v in module._parameters.items() if v is None],
+        "empty_buffers": [k for k, v in module._buffers.items() if v is None],
+        "non_persistent_buffers": {k: module._buffers[k].detach().cpu() for k in module._non_persistent_buffers_set
+                                   if module._buffers.get(k) is not None},
+    }
 
 
 _MISSING = object()
@@ -158,6 +171,10 @@ def _apply_entry(model: nn.Module, path: str, entry: dict[str, Any], allowed: tu
         # but its plain attributes, children and tensors are, and are restored next.
         module = cls.__new__(cls)
         nn.Module.__init__(module)
+        module._parameters.update(dict.fromkeys(entry["empty_parameters"]))
+        module._buffers.update(dict.fromkeys(entry["empty_buffers"]))
+        for name, tensor in entry["non_persistent_buffers"].items():
+            module.register_buffer(name, tensor, persistent=False)
         _set_module(model, path, module)
     else:
         module = model.get_submodule(path)

@@ -139,19 +139,20 @@ class Pipeline:
     @classmethod
     def from_toml(cls, text: str, *, source: str = "recipe") -> Pipeline:
         """Build a pipeline from recipe TOML; only registered pass names load."""
-        parsed = recipe.parse(text, source=source)
-        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
+        return cls._from_parsed(recipe.parse(text, source=source))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "recipe") -> Pipeline:
         """Build a pipeline from an already-parsed recipe mapping (what CLI flags produce)."""
-        parsed = recipe.from_dict(data, source=source)
-        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
+        return cls._from_parsed(recipe.from_dict(data, source=source))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Pipeline:
         """Build a pipeline from a recipe file."""
-        parsed = recipe.load(path)
+        return cls._from_parsed(recipe.load(path))
+
+    @classmethod
+    def _from_parsed(cls, parsed: dict[str, Any]) -> Pipeline:
         return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
 
     def __repr__(self) -> str:
