@@ -75,7 +75,8 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
     """Time eager PyTorch inference (``eval`` mode, ``no_grad``).
 
     Args:
-        model: the model; it is moved to ``device`` and put in eval mode.
+        model: the model; it is moved to ``device`` and timed in eval mode
+            (its train/eval mode is restored afterwards).
         input_shape: one input's shape; its first entry is the batch size used
             when ``batch_sizes`` is not given.
         batch_sizes: batch sizes to time, each replacing ``input_shape[0]``.
@@ -102,6 +103,7 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
     if threads is not None:
         torch.set_num_threads(threads)
     used_threads = torch.get_num_threads()
+    was_training = model.training
     model = model.to(device).eval()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     results = []
@@ -122,6 +124,7 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
             results.append(_latency("torch", str(device), shape, used_threads, timing, warmup))
     finally:
         torch.set_num_threads(previous_threads)
+        model.train(was_training)
     return results
 
 

@@ -40,7 +40,9 @@ def check(result: bench.Latency, engine: str, shape: tuple[int, ...], repeats: i
 
 def test_torch_batch_sizes_and_threads_restored():
     before = torch.get_num_threads()
-    results = bench.bench_torch(tiny(), (1, 3, 16, 16), batch_sizes=[1, 3], threads=1, warmup=1, repeats=4)
+    model = tiny().train()
+    results = bench.bench_torch(model, (1, 3, 16, 16), batch_sizes=[1, 3], threads=1, warmup=1, repeats=4)
+    assert model.training
     assert [r.batch_size for r in results] == [1, 3]
     for r in results:
         check(r, "torch", (r.batch_size, 3, 16, 16), 4)
