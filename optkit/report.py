@@ -83,6 +83,10 @@ def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
                      "(classifier, attention, ignored layers) or the ratio was small")
     if "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
         notes.append(NO_LATENCY_NOTE)
+    spreads = [t.get("spread", 1.0) for t in (report.get("latency") or {}).values() if isinstance(t, dict)]
+    if spreads and max(spreads) > 1.2:
+        notes.append(f"the latency figures are noisy (p90 / median up to {max(spreads):.2f}): other work was "
+                     "competing for the machine; re-time with `optkit bench --compare` on a quiet machine")
     return notes
 
 

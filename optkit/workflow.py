@@ -44,12 +44,13 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
 
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
-             on_pass: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+             on_pass: Callable[[int, int, str], None] | None = None, latency: bool = False) -> dict[str, Any]:
     """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
     and ``channels.png`` (output channels per layer, before and after).
 
     All files appear together at the end, or none do (a failure leaves
-    ``out_dir`` as it was).
+    ``out_dir`` as it was). With ``latency``, the model is timed before and
+    after the passes (PyTorch eager, where it lives) for the report.
 
     Returns:
         the report (as written to ``report.json``).
@@ -62,8 +63,11 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     check_runs(loaded, pipeline.input_shape)
     # Passes change the model in place, so the channels before must be read first.
     channels = {"before": layer_channels(loaded.model)}
+    timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
     run = pipeline.run(loaded.model, on_pass=on_pass)
     channels["after"] = layer_channels(checkpoint.unwrap(run.model))
+    if timings is not None:
+        timings["after"] = time_model(run.model, pipeline.input_shape)
     recipe_text = pipeline.to_toml()
     with StagedOutputs(out) as staged:
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
@@ -71,7 +75,8 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         files = {"model.pt": staged.path("model.pt").stat().st_size}
         source = Path(loaded.source)
         report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
-                              channels=channels, input_file_size=source.stat().st_size if source.is_file() else None)
+                              channels=channels, input_file_size=source.stat().st_size if source.is_file() else None,
+                              latency=timings)
         if loaded.arch is None:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -79,3 +84,11 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
     return report
 
+
+def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """Eager PyTorch latency of one call at ``input_shape``, on the model's own device, for the report."""
+    from optkit.bench import bench_torch
+    from optkit.metrics import model_device
+
+    (result,) = bench_torch(model, input_shape, device=str(model_device(model)), warmup=3, repeats=20)
+    return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}

@@ -49,13 +49,15 @@ def test_markdown_has_every_section():
     details = {"skipped_layers": {"fc": "final classifier"}}
     report = build_report(fake_run(details=details), model="m", input_shape=(1, 3, 8, 8),
                           files={"model.pt": 2_000_000}, channels=CHANNELS, input_file_size=4_000_000,
-                          latency={"before": {"median_ms": 10.0, "p90_ms": 12.0}, "after": {"median_ms": 6.0, "p90_ms": 7.0}},
+                          latency={"before": {"median_ms": 10.0, "p90_ms": 11.0, "spread": 1.1},
+                                   "after": {"median_ms": 6.0, "p90_ms": 6.6, "spread": 1.1}},
                           accuracy={"before": 0.9, "after": 0.885, "dataset": "fashion-mnist test"})
     text = to_markdown(report, plot="channels.png")
     assert "| Parameters | 1,000 | 500 | 0.500× |" in text
     assert "| MACs | 10,000 | 4,000 | 0.400× |" in text
     assert "| File size (MB) | 4.00 | 2.00 | 0.500× |" in text
     assert "| Latency median (ms) | 10.00 | 6.00 | 0.600× |" in text
+    assert "| Latency p90 (ms) | 11.00 | 6.60 | 0.600× |" in text
     assert "| Accuracy | 90.00% | 88.50% | -1.50 pts |" in text
     assert "Accuracy measured on fashion-mnist test." in text
     assert "| structured_prune | 1.25 |" in text
@@ -63,6 +65,14 @@ def test_markdown_has_every_section():
     assert "| `conv` | 64 | 40 |" in text and "| `fc` |" not in text
     assert "- structured_prune: `fc`: final classifier" in text
     assert NO_LATENCY_NOTE not in text  # latency was measured
+    assert "latency figures are noisy" not in text
+
+
+def test_noisy_latency_is_noted():
+    latency = {"before": {"median_ms": 10.0, "p90_ms": 20.0, "spread": 2.0},
+               "after": {"median_ms": 6.0, "p90_ms": 6.3, "spread": 1.05}}
+    report = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8), latency=latency)
+    assert any("latency figures are noisy (p90 / median up to 2.00)" in note for note in report["notes"])
 
 
 def test_unstructured_note_and_unchanged_channels():
@@ -104,11 +114,14 @@ def small_cnn() -> nn.Module:
                          ids=["structured", "unstructured"])
 def test_optimize_writes_markdown_and_plot(tmp_path, pass_):
     loaded = LoadedModel(small_cnn(), ArchSpec("torch.nn:Sequential"), "small-cnn")
-    report = workflow.optimize(loaded, Pipeline([pass_], input_shape=(1, 3, 16, 16)), tmp_path)
+    report = workflow.optimize(loaded, Pipeline([pass_], input_shape=(1, 3, 16, 16)), tmp_path, latency=True)
     assert (tmp_path / "channels.png").read_bytes()[:8] == PNG_MAGIC
     text = (tmp_path / "report.md").read_text()
     assert json.loads((tmp_path / "report.json").read_text()) == report
-    assert "](channels.png)" in text and "## Passes" in text
+    assert "](channels.png)" in text and "## Passes" in text and "| Latency median (ms) |" in text
+    for side in ("before", "after"):
+        assert report["latency"][side]["engine"] == "torch" and report["latency"][side]["repeats"] == 20
+        assert 0 < report["latency"][side]["median_ms"] <= report["latency"][side]["p90_ms"]
     assert [row["name"] for row in report["layers"]] == ["0", "3", "7"]
     if pass_.name == "structured_prune":
         assert report["layers"][0] == {"name": "0", "before": 16, "after": 8}

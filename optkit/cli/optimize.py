@@ -34,7 +34,8 @@ from optkit.cli._options import parse_ratio, parse_shape
 @click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
               help="Output folder for model.pt, recipe.toml, report.json and report.md.")
 @click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
-def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force,
+@click.option("--latency", is_flag=True, help="Also time the model before and after (PyTorch eager) for the report.")
+def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, latency,
                      **flags: Any) -> None:
     """Slim MODEL (torchvision:NAME or a checkpoint file) and write the result and a report.
 
@@ -53,7 +54,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     def on_pass(index: int, total: int, name: str) -> None:
         console.print(f"[{index + 1}/{total}] running {name}")
 
-    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass)
+    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, latency=latency)
     print_report(report, Console())
     click.echo(f"Wrote {', '.join(workflow.OUTPUT_FILES)} to {out_dir}")
 
