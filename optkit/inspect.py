@@ -60,6 +60,7 @@ class Inspection:
         macs: total MACs (equals :func:`optkit.metrics.count_macs`).
         sparsity: conv/linear weight sparsity (equals :func:`optkit.metrics.weight_sparsity`).
         skipped_layers: layer name -> why a structured prune leaves it untouched.
+        prune_error: why a structured prune could not trace the model, if it could not.
     """
 
     input_shape: tuple[int, ...]
@@ -68,14 +69,18 @@ class Inspection:
     macs: int
     sparsity: float
     skipped_layers: dict[str, str] = field(default_factory=dict)
+    prune_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "input_shape": list(self.input_shape),
             "totals": {"params": self.params, "macs": self.macs, "sparsity": self.sparsity},
             "layers": [layer.to_dict() for layer in self.layers],
             "skipped_layers": dict(self.skipped_layers),
         }
+        if self.prune_error is not None:
+            out["prune_error"] = self.prune_error
+        return out
 
 
 def inspect_model(model: nn.Module, input_shape: Sequence[int]) -> Inspection:
@@ -96,13 +101,19 @@ def inspect_model(model: nn.Module, input_shape: Sequence[int]) -> Inspection:
     shape = tuple(int(v) for v in input_shape)
     layer_macs, total_macs = _layer_macs(model, shape)
     layers = _rows(model, layer_macs)
+    skipped, prune_error = {}, None
+    try:
+        skipped = skipped_layers(model, shape)
+    except Exception as e:  # the dry run traces with torch-pruning, which some graphs defeat: report it
+        prune_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no message'}"
     return Inspection(
         input_shape=shape,
         layers=layers,
         params=sum(layer.params for layer in layers),
         macs=total_macs,
         sparsity=weight_sparsity(model),
-        skipped_layers=skipped_layers(model, shape),
+        skipped_layers=skipped,
+        prune_error=prune_error,
     )
 
 
@@ -116,9 +127,13 @@ def layer_channels(model: nn.Module) -> dict[str, int]:
 def skipped_layers(model: nn.Module, input_shape: Sequence[int]) -> dict[str, str]:
     """Layers a structured prune leaves untouched, with the reason.
 
-    Uses :func:`optkit.passes.prune.skipped_layers` when the pruning pass
-    provides it; otherwise reports what :class:`~optkit.passes.prune.StructuredPrune`
-    always ignores: the final classifier and attention blocks.
+    Uses :func:`optkit.passes.prune.skipped_layers` (a dry run of the prune)
+    when the pruning pass provides it; otherwise reports what
+    :class:`~optkit.passes.prune.StructuredPrune` always ignores: the final
+    classifier and attention blocks.
+
+    Raises:
+        Exception: whatever the dry run raises when torch-pruning cannot trace the model.
     """
     import torch
 

@@ -57,7 +57,6 @@ def test_rows_cover_direct_parameters_and_attention():
     assert inspection.params == metrics.count_params(model)
     assert inspection.macs == metrics.count_macs(model, (2, 3, 32, 32))
     assert sum(layer.macs for layer in inspection.layers) == inspection.macs
-    assert "head" in inspection.skipped_layers  # the classifier: its outputs are the model's outputs
 
 
 def test_per_layer_sparsity_and_channels():
@@ -74,9 +73,44 @@ def test_per_layer_sparsity_and_channels():
     assert len(format_table(inspection, all_layers=True)) == len(inspection.layers)
 
 
-def test_skipped_layers_names_the_classifier():
-    model = models.load_model("torchvision:mobilenet_v3_small", num_classes=10)
-    assert "classifier.3" in skipped_layers(model, SHAPE)
+def test_skipped_layers_without_a_dry_run_names_classifier_and_attention(monkeypatch):
+    from optkit.passes import prune
+
+    monkeypatch.delattr(prune, "skipped_layers", raising=False)
+    skipped = skipped_layers(TokenNet(), (1, 3, 32, 32))
+    assert skipped.keys() == {"head", "attn"}
+    assert "classifier" in skipped["head"]
+
+
+def test_skipped_layers_come_from_the_prune_dry_run(monkeypatch):
+    from optkit.passes import prune
+
+    calls = []
+
+    def dry_run(model, input_shape):
+        calls.append(input_shape)
+        return {"features.0": "why it is kept"}
+
+    monkeypatch.setattr(prune, "skipped_layers", dry_run, raising=False)
+    inspection = inspect_model(models.load_model("torchvision:squeezenet1_1", num_classes=10), SHAPE)
+    assert calls == [SHAPE]
+    assert inspection.skipped_layers == {"features.0": "why it is kept"} and inspection.prune_error is None
+
+
+def test_a_model_the_pruner_cannot_trace_is_reported(monkeypatch, runner):
+    from optkit.passes import prune
+
+    def dry_run(model, input_shape):
+        raise ZeroDivisionError("integer division or modulo by zero")
+
+    monkeypatch.setattr(prune, "skipped_layers", dry_run, raising=False)
+    inspection = inspect_model(TokenNet(), (1, 3, 32, 32))
+    assert inspection.prune_error == "ZeroDivisionError: integer division or modulo by zero"
+    assert inspection.to_dict()["prune_error"] == inspection.prune_error
+    assert inspection.macs == metrics.count_macs(TokenNet(), (1, 3, 32, 32))  # the table is still complete
+    result = runner.invoke(main, ["inspect", "torchvision:squeezenet1_1", "--input-shape", "1,3,32,32"])
+    assert result.exit_code == 0, result.output
+    assert "cannot trace this model: ZeroDivisionError: integer division" in result.output
 
 
 def test_inspect_leaves_the_model_as_it_was():
@@ -114,7 +148,7 @@ def test_cli_table_lists_layers_totals_and_skips():
     model = models.load_model("torchvision:squeezenet1_1", num_classes=10)
     assert f"{metrics.count_macs(model, SHAPE):,}" in result.output
     assert "features.0" in result.output and "Conv2d" in result.output
-    assert "leaves these layers untouched:" in result.output and "\n  classifier.1: " in result.output
+    assert "A structured prune (optkit optimize --prune)" in result.output
     assert "--all-layers lists them" in result.output
 
 

@@ -62,7 +62,12 @@ def _print(model: str, inspection, all_layers: bool) -> None:
         hidden_macs = sum(layer.macs for layer in inspection.layers if not layer.listed)
         console.print(f"{hidden} rows without parameters (activations, pooling: {hidden_macs:,} MACs) "
                       "are counted in the totals but not listed; --all-layers lists them.")
-    if inspection.skipped_layers:
+    if inspection.prune_error is not None:
+        console.print(f"A structured prune (optkit optimize --prune) cannot trace this model: {inspection.prune_error}",
+                      markup=False)
+    elif inspection.skipped_layers:
         console.print("A structured prune (optkit optimize --prune) leaves these layers untouched:")
         for name, reason in inspection.skipped_layers.items():
-            console.print(f"  {name}: {reason}")
+            console.print(f"  {name}: {reason}", markup=False)
+    else:
+        console.print("A structured prune (optkit optimize --prune) would change every conv/linear layer.")
