@@ -27,16 +27,24 @@ setup: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
 
 # Fashion-MNIST comes from Debian's package; it is optional for the demo and
-# installed for the tests that use real data (skipped when apt is unavailable).
+# installed for the tests that use real data (as root, or with passwordless
+# sudo); without apt those tests are skipped.
+FMNIST_FILE := $(FMNIST_DIR)/train-images-idx3-ubyte.gz
 data:
-	@if [ ! -d $(FMNIST_DIR) ]; then \
-		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-			(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null \
+	@if [ ! -f $(FMNIST_FILE) ]; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=""; \
+		elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+		else sudo=none; fi; \
+		if command -v apt-get >/dev/null && [ "$$sudo" != none ]; then \
+			echo "installing dataset-fashion-mnist with apt-get"; \
+			($$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq dataset-fashion-mnist) >/dev/null \
 				|| echo "warning: could not install dataset-fashion-mnist; real-data tests will be skipped"; \
 		else \
 			echo "note: run 'sudo apt-get install dataset-fashion-mnist' for the real-data tests"; \
 		fi; \
 	fi
+	@if [ -f $(FMNIST_FILE) ]; then echo "Fashion-MNIST: $(FMNIST_DIR)"; fi
 
 demo: setup
 	$(BIN)/optkit optimize torchvision:resnet18 --prune 0.3 --out runs/demo --force

@@ -27,3 +27,22 @@ def parse_shape(ctx: click.Context, param: click.Parameter, value: str | None) -
     if not 2 <= len(shape) <= 5 or any(v <= 0 for v in shape):
         raise click.BadParameter(f"expected 2 to 5 positive integers like 1,3,224,224, got {value!r}")
     return shape
+
+
+def parse_workers(ctx: click.Context, param: click.Parameter, value: str | None) -> int | str | None:
+    """Click callback: ``auto`` or a worker count >= 0."""
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit():
+        raise click.BadParameter(f"expected 'auto' or an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def parse_device(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
+    from optkit.passes.device import check_device
+
+    try:
+        return check_device(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from optkit.cli._options import parse_ratio, parse_shape
+from optkit.cli._options import parse_device, parse_ratio, parse_shape, parse_workers
 
 
 @click.command("optimize")
@@ -25,6 +25,13 @@ from optkit.cli._options import parse_ratio, parse_shape
               help="Structured: keep channel counts multiples of this.")
 @click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
               help="Structured: how channels are ranked.")
+@click.option("--device", callback=parse_device, metavar="auto|cpu|cuda|cuda:N|mps",
+              help="Move the model to this device first (auto: CUDA, then MPS, then CPU).")
+@click.option("--amp", type=click.Choice(["auto", "bf16", "fp16", "off"]),
+              help="Wrap the result in autocast: fp16 on GPUs; auto picks bf16 on a CPU only where it measures faster.")
+@click.option("--channels-last", is_flag=True, help="Store conv weights channels-last (NHWC).")
+@click.option("--workers", callback=parse_workers, metavar="auto|N",
+              help="DataLoader workers for passes that load data (auto: chosen by measurement).")
 @click.option("--input-shape", callback=parse_shape, help="Example input shape, e.g. 1,3,224,224.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
 @click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
@@ -80,10 +87,29 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
 def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given, in pipeline order."""
     entries: list[dict[str, Any]] = []
+    if flags.get("device") is not None:
+        entries.append({"name": "to_device", "device": flags["device"]})
     if flags["ratio"] is not None:
         if flags["method"] == "structured":
             entries.append({"name": "structured_prune", "ratio": flags["ratio"], "round_to": flags["round_to"],
                             "importance": flags["importance"], "global": flags["global_"]})
         else:
             entries.append({"name": "l1_unstructured", "ratio": flags["ratio"], "global": flags["global_"]})
+    if flags.get("channels_last"):
+        entries.append({"name": "channels_last"})
+    if flags.get("amp") not in (None, "off"):
+        entries.append({"name": "autocast", "dtype": flags["amp"]})
+    if flags.get("workers") is not None:
+        _set_data_workers(entries, flags["workers"])
     return entries
+
+
+def _set_data_workers(entries: list[dict[str, Any]], workers: int | str) -> None:
+    """Give ``--workers`` to every pass that loads data (has a ``num_workers`` setting)."""
+    import dataclasses
+
+    from optkit.passes import get_pass
+
+    for entry in entries:
+        if any(f.name == "num_workers" for f in dataclasses.fields(get_pass(entry["name"]))):
+            entry.setdefault("num_workers", workers)
