@@ -155,6 +155,7 @@ def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
         lines += ["", "## Skipped layers", ""]
         for name, layers in skipped.items():
             lines += [f"- {name}: `{layer}`: {reason}" for layer, reason in layers.items()]
+    lines += _export_lines(report.get("export"))
     if report["files"]:
         lines += ["", "## Files", ""] + [f"- `{name}`: {size:,} bytes" for name, size in report["files"].items()]
     if report["notes"]:
@@ -174,6 +175,22 @@ def _channel_lines(report: dict[str, Any], plot: str | None) -> list[str]:
     lines += [f"{len(changed)} of {len(report['layers'])} conv/linear layers changed their output channels:", "",
               "| layer | before | after |", "|---|---:|---:|"]
     return lines + [f"| `{r['name']}` | {_count(r['before'])} | {_count(r['after'])} |" for r in changed]
+
+
+def _export_lines(export: dict[str, Any] | None) -> list[str]:
+    """The ONNX export section: what was written and how it was verified."""
+    if not export:
+        return []
+    lines = ["", "## Export", "",
+             f"`{export.get('path', 'model.onnx')}`: {export.get('exporter', '?')} exporter, opset {export.get('opset', '?')}, "
+             f"{export.get('file_size', 0):,} bytes ({export.get('compressed_size', 0):,} gzipped).", ""]
+    checks = export.get("verification") or []
+    if checks:
+        lines += ["Verified against PyTorch in ONNX Runtime on the same random inputs:", "",
+                  "| batch | max abs diff | tolerance | passed |", "|---:|---:|---:|---|"]
+        lines += [f"| {c['batch_size']} | {c['max_abs_diff']:.3g} | {c['tolerance']:.3g} | {'yes' if c['passed'] else 'no'} |"
+                  for c in checks]
+    return lines
 
 
 def _count(value: int | None) -> str:

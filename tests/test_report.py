@@ -68,6 +68,18 @@ def test_markdown_has_every_section():
     assert "latency figures are noisy" not in text
 
 
+def test_export_section():
+    report = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8))
+    assert "## Export" not in to_markdown(report)
+    report["export"] = {"path": "model.onnx", "exporter": "torchscript", "opset": 18, "file_size": 2_000_000,
+                        "compressed_size": 1_800_000,
+                        "verification": [{"batch_size": 1, "max_abs_diff": 2e-7, "tolerance": 1e-4, "passed": True},
+                                         {"batch_size": 3, "max_abs_diff": 3e-7, "tolerance": 1e-4, "passed": True}]}
+    text = to_markdown(report)
+    assert "`model.onnx`: torchscript exporter, opset 18, 2,000,000 bytes (1,800,000 gzipped)." in text
+    assert "| 3 | 3e-07 | 0.0001 | yes |" in text
+
+
 def test_noisy_latency_is_noted():
     latency = {"before": {"median_ms": 10.0, "p90_ms": 20.0, "spread": 2.0},
                "after": {"median_ms": 6.0, "p90_ms": 6.3, "spread": 1.05}}
