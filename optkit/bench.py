@@ -188,6 +188,33 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
     return results
 
 
+def bench_exported(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Sequence[int] | None = None,
+                   threads: int | None = None, device: str = "cpu", warmup: int = 5,
+                   repeats: int = 30) -> list[Latency]:
+    """Time a PyTorch model in ONNX Runtime: export it to a temporary file, then :func:`bench_onnx`.
+
+    The export is :func:`optkit.export.export_onnx` with a dynamic batch, so
+    the file is verified against PyTorch before it is timed. Arguments are
+    those of :func:`bench_torch`.
+
+    Raises:
+        OptkitError: if optkit's exporter is not installed, or export or timing fails.
+    """
+    import tempfile
+
+    try:
+        from optkit.export import export_onnx
+    except ImportError as e:
+        raise OptkitError("timing a PyTorch model in ONNX Runtime needs optkit.export, which this installation "
+                          "lacks; export the model to .onnx and bench that file") from e
+    shape = tuple(int(v) for v in input_shape)
+    with tempfile.TemporaryDirectory(prefix="optkit-bench-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        export_onnx(model, path, shape, dynamic_batch=True)
+        return bench_onnx(path, shape, batch_sizes=batch_sizes, threads=threads, device=device,
+                          warmup=warmup, repeats=repeats)
+
+
 def is_onnx(spec: str | os.PathLike) -> bool:
     """Whether a model spec names an ONNX file (by its ``.onnx`` suffix)."""
     return os.fspath(spec).lower().endswith(".onnx")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -135,3 +136,35 @@ def test_cli_needs_exactly_one_model_or_compare():
     assert "give one MODEL, or --compare A B" in runner.invoke(main, ["bench"]).output
     result = runner.invoke(main, ["bench", "torchvision:resnet18", "--compare", "a", "b"])
     assert result.exit_code == 2 and "give one MODEL, or --compare A B" in result.output
+
+
+def test_onnx_file_runs_only_in_onnxruntime(onnx_files):
+    result = CliRunner().invoke(main, ["bench", str(onnx_files["fixed"]), "--engine", "torch"])
+    assert result.exit_code == 2 and "runs only with --engine onnxruntime" in result.output
+
+
+def test_torch_model_in_onnxruntime_needs_the_exporter(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_export(name, *args, **kwargs):
+        if name == "optkit.export":
+            raise ImportError("no module named optkit.export")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "optkit.export", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_export)
+    with pytest.raises(OptkitError, match="needs optkit.export"):
+        bench.bench_exported(tiny(), (1, 3, 16, 16), repeats=1)
+
+
+def test_torch_model_in_both_engines():
+    pytest.importorskip("optkit.export", reason="timing a model in ONNX Runtime uses optkit.export")
+    result = CliRunner().invoke(main, ["bench", "torchvision:squeezenet1_1", "--num-classes", "10", "--input-shape",
+                                       "1,3,32,32", "--engine", "torch", "--engine", "onnxruntime", "--batch-size", "1",
+                                       "--batch-size", "2", "--repeats", "2", "--warmup", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]["torchvision:squeezenet1_1"]
+    assert [(r["engine"], r["batch_size"]) for r in rows] == [("torch", 1), ("torch", 2), ("onnxruntime", 1),
+                                                               ("onnxruntime", 2)]

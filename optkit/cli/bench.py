@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from optkit.bench import ENGINES
 from optkit.cli._options import parse_shape
 
 
@@ -17,6 +18,9 @@ from optkit.cli._options import parse_shape
               help="Input shape, e.g. 1,3,224,224 (ONNX files: defaults to the file's declared shape).")
 @click.option("--batch-size", "batch_sizes", type=click.IntRange(min=1), multiple=True,
               help="Batch size to time; repeat for several (e.g. --batch-size 1 --batch-size 8).")
+@click.option("--engine", "engines", type=click.Choice(ENGINES), multiple=True,
+              help="torch (eager) or onnxruntime; repeat for both. Default: torch for a model, "
+                   "onnxruntime for a .onnx file (a model is exported and verified first).")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads (default: the engine's own choice).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed calls before timing.")
@@ -58,12 +62,18 @@ def _run(spec: str, options: dict[str, Any]):
     timing = {k: options[k] for k in ("threads", "device", "warmup", "repeats")}
     batch_sizes = list(options["batch_sizes"]) or None
     if bench.is_onnx(spec):
+        if set(options["engines"]) - {"onnxruntime"}:
+            raise click.UsageError(f"{spec} is an ONNX file: it runs only with --engine onnxruntime")
         return bench.bench_onnx(spec, options["input_shape"], batch_sizes=batch_sizes, **timing)
     from optkit import models
 
     loaded = models.load(spec, arch=options["arch"], num_classes=options["num_classes"], trust=options["trust"])
     shape = options["input_shape"] or models.default_input_shape(spec)
-    return bench.bench_torch(loaded.model, shape, batch_sizes=batch_sizes, **timing)
+    results = []
+    for engine in dict.fromkeys(options["engines"] or ("torch",)):
+        run = bench.bench_torch if engine == "torch" else bench.bench_exported
+        results += run(loaded.model, shape, batch_sizes=batch_sizes, **timing)
+    return results
 
 
 def _print(runs: dict[str, list], specs: list[str], pairs: list[dict[str, Any]] | None) -> None:
