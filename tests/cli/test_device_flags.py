@@ -47,7 +47,7 @@ def test_bad_values_are_usage_errors(args, message):
 
 def test_device_channels_last_and_amp_run(tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["optimize", "torchvision:resnet18", "--num-classes", "10",
+    result = CliRunner().invoke(main, ["optimize", "torchvision:squeezenet1_1", "--num-classes", "10",
                                        "--input-shape", "1,3,32,32", "--device", "cpu", "--channels-last",
                                        "--amp", "bf16", "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -74,11 +74,14 @@ def test_auto_on_cpu_follows_capability_and_measurement(monkeypatch):
 
 
 def test_auto_pass_records_its_decision():
-    result = Autocast(dtype="auto", input_shape=(1, 3, 32, 32)).apply(_loaded().model)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 16 * 16, 10))
+    result = Autocast(dtype="auto", input_shape=(4, 3, 16, 16)).apply(model)
     assert result.details["dtype"] in ("bf16", "off")
     assert (result.details["dtype"] == "bf16") == isinstance(result.model, amp.AutocastModule)
     if amp.cpu_has_native_bf16() and not torch.cuda.is_available():
         assert result.details["fp32_forward_ms"] > 0 and result.details["bf16_forward_ms"] > 0
+    assert model.training
 
 
 def test_structured_outputs_become_fp32():
