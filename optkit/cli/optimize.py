@@ -25,6 +25,13 @@ from optkit.cli._options import parse_device, parse_ratio, parse_shape, parse_wo
               help="Structured: keep channel counts multiples of this.")
 @click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
               help="Structured: how channels are ranked.")
+@click.option("--insert-bn", is_flag=True,
+              help="Insert a function-preserving BatchNorm after every conv without a norm layer (first pass).")
+@click.option("--recalibrate-bn", type=click.IntRange(min=1), metavar="N",
+              help="Re-estimate BatchNorm statistics from N batches of --calib-data (after pruning).")
+@click.option("--calib-data", metavar="SPEC",
+              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn and to calibrate --insert-bn.")
+@click.option("--fold-bn", is_flag=True, help="Fold BatchNorms into the preceding conv/linear layers (last pass).")
 @click.option("--device", callback=parse_device, metavar="auto|cpu|cuda|cuda:N|mps",
               help="Move the model to this device first (auto: CUDA, then MPS, then CPU).")
 @click.option("--amp", type=click.Choice(["auto", "bf16", "fp16", "off"]),
@@ -89,12 +96,23 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     if flags.get("device") is not None:
         entries.append({"name": "to_device", "device": flags["device"]})
+    calib_data = flags.get("calib_data")
+    if flags.get("recalibrate_bn") is not None and calib_data is None:
+        raise click.UsageError("--recalibrate-bn needs data: add --calib-data SPEC (e.g. fashion-mnist)")
+    if calib_data is not None and not flags.get("insert_bn") and flags.get("recalibrate_bn") is None:
+        raise click.UsageError("--calib-data is used only by --insert-bn and --recalibrate-bn; add one of them")
+    if flags.get("insert_bn"):
+        entries.append({"name": "insert_batchnorm", **({"data": calib_data} if calib_data else {})})
     if flags["ratio"] is not None:
         if flags["method"] == "structured":
             entries.append({"name": "structured_prune", "ratio": flags["ratio"], "round_to": flags["round_to"],
                             "importance": flags["importance"], "global": flags["global_"]})
         else:
             entries.append({"name": "l1_unstructured", "ratio": flags["ratio"], "global": flags["global_"]})
+    if flags.get("recalibrate_bn") is not None:
+        entries.append({"name": "recalibrate_batchnorm", "data": calib_data, "batches": flags["recalibrate_bn"]})
+    if flags.get("fold_bn"):
+        entries.append({"name": "fold_batchnorm"})
     if flags.get("channels_last"):
         entries.append({"name": "channels_last"})
     if flags.get("amp") not in (None, "off"):

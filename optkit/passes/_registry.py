@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 _PASSES: dict[str, str] = {
     "l1_unstructured": "optkit.passes.prune:L1Unstructured",
     "structured_prune": "optkit.passes.prune:StructuredPrune",
+    "insert_batchnorm": "optkit.passes.batchnorm:InsertBatchNorm",
+    "fold_batchnorm": "optkit.passes.batchnorm:FoldBatchNorm",
+    "recalibrate_batchnorm": "optkit.passes.batchnorm:RecalibrateBatchNorm",
     "to_device": "optkit.passes.device:ToDevice",
     "channels_last": "optkit.passes.device:ChannelsLast",
     "autocast": "optkit.passes.precision:Autocast",
