@@ -124,11 +124,12 @@ def structure_diff(reference: nn.Module, model: nn.Module) -> dict[str, dict[str
 
 
 def _slots(module: nn.Module) -> dict[str, Any]:
-    # What a state_dict leaves out of a module built without __init__: parameters
-    # and buffers registered as None (e.g. bias=False) and non-persistent buffers.
+    # What a module built without __init__ must know beyond the state_dict: which
+    # names are parameters (not buffers), slots registered as None (e.g. bias=False),
+    # and non-persistent buffers.
     return {
-        "empty_parameters": [k for k, v in module._parameters.items() if v is None],
-        "empty_buffers": [k for k, v in module._buffers.items() if v is None],
+        "parameters": list(module._parameters),
+        "buffers": [k for k in module._buffers if k not in module._non_persistent_buffers_set],
         "non_persistent_buffers": {k: module._buffers[k].detach().cpu() for k in module._non_persistent_buffers_set
                                    if module._buffers.get(k) is not None},
     }
@@ -171,8 +172,8 @@ def _apply_entry(model: nn.Module, path: str, entry: dict[str, Any], allowed: tu
         # but its plain attributes, children and tensors are, and are restored next.
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module._parameters.update(dict.fromkeys(entry["empty_parameters"]))
-        module._buffers.update(dict.fromkeys(entry["empty_buffers"]))
+        module._parameters.update(dict.fromkeys(entry["parameters"]))
+        module._buffers.update(dict.fromkeys(entry["buffers"]))
         for name, tensor in entry["non_persistent_buffers"].items():
             module.register_buffer(name, tensor, persistent=False)
         _set_module(model, path, module)

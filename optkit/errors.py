@@ -43,3 +43,7 @@ class ExportError(OptkitError):
 
 class DataError(OptkitError):
     """A dataset spec is unknown, or its files are missing or malformed."""
+
+
+class TrainingError(OptkitError):
+    """Fine-tuning cannot go on: the loss stopped being finite, or a checkpoint does not fit the run."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -102,7 +103,7 @@ class Pipeline:
         """
         before = measure(model, self.input_shape) if measure_stats else None
         records: list[PassRecord] = []
-        passes = self.resolved_passes()
+        passes = self._with_teacher(self.resolved_passes(), model)
         for index, p in enumerate(passes):
             if on_pass is not None:
                 on_pass(index, len(passes), p.name)
@@ -119,6 +120,14 @@ class Pipeline:
             records.append(PassRecord(p.name, seconds, stats, result.details))
         after = records[-1].stats if records else before
         return PipelineRun(model, before, after, records)
+
+    @staticmethod
+    def _with_teacher(passes: list[Pass], model: nn.Module) -> list[Pass]:
+        # Distillation learns from the model as it was before any pass changed it in place.
+        if not any(getattr(p, "wants_teacher", False) for p in passes):
+            return passes
+        teacher = copy.deepcopy(model).eval()
+        return [dataclasses.replace(p, teacher=teacher) if getattr(p, "wants_teacher", False) else p for p in passes]
 
     def _measure_after(self, name: str, model: nn.Module, records: list[PassRecord]) -> ModelStats:
         try:

@@ -49,8 +49,9 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     and ``channels.png`` (output channels per layer, before and after).
 
     All files appear together at the end, or none do (a failure leaves
-    ``out_dir`` as it was). With ``latency``, the model is timed before and
-    after the passes (PyTorch eager, where it lives) for the report.
+    ``out_dir`` as it was). In a distributed run only rank 0 writes. With
+    ``latency``, the model is timed before and after the passes (PyTorch
+    eager, where it lives) for the report.
 
     Returns:
         the report (as written to ``report.json``).
@@ -59,16 +60,23 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         OptkitError: for an unusable output folder, a model that does not run
             at the pipeline's input shape, or a failing pass (``PassError``).
     """
-    out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force)
+    from optkit.train import is_main_process
+
+    # Under torchrun every rank runs the pipeline (pruning identically, then training
+    # together); only rank 0 writes.
+    main = is_main_process()
+    out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force) if main else None
     check_runs(loaded, pipeline.input_shape)
     # Passes change the model in place, so the channels before must be read first.
     channels = {"before": layer_channels(loaded.model)}
     timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
-    run = pipeline.run(loaded.model, on_pass=on_pass)
+    run = pipeline.run(loaded.model, on_pass=on_pass if main else None)
     channels["after"] = layer_channels(checkpoint.unwrap(run.model))
     if timings is not None:
         timings["after"] = time_model(run.model, pipeline.input_shape)
     recipe_text = pipeline.to_toml()
+    if not main:
+        return build_report(run, model=loaded.source, input_shape=pipeline.input_shape)
     with StagedOutputs(out) as staged:
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")

@@ -42,6 +42,9 @@ def test_added_and_replaced_modules_are_rebuilt(tmp_path):
     assert isinstance(loaded.bn1, nn.Identity)
     x = torch.randn(1, 3, 32, 32)
     torch.testing.assert_close(loaded(x), model(x))
+    assert dict(loaded.named_parameters()).keys() == dict(model.named_parameters()).keys()
+    assert dict(loaded.named_buffers()).keys() == dict(model.named_buffers()).keys()
+    assert all(p.requires_grad for p in loaded.parameters())
 
 
 def test_class_outside_allowed_packages_is_refused(tmp_path):

@@ -12,6 +12,13 @@ from typing import Any
 import click
 
 from optkit.cli._options import parse_device, parse_ratio, parse_shape, parse_workers
+from optkit.cli.finetune import (
+    data_input_shape,
+    finetune_settings,
+    show_epoch_lines,
+    training_options,
+    with_run_options,
+)
 
 
 @click.command("optimize")
@@ -25,13 +32,6 @@ from optkit.cli._options import parse_device, parse_ratio, parse_shape, parse_wo
               help="Structured: keep channel counts multiples of this.")
 @click.option("--importance", type=click.Choice(["l1", "l2", "bn_scale", "random"]), default="l1", show_default=True,
               help="Structured: how channels are ranked.")
-@click.option("--insert-bn", is_flag=True,
-              help="Insert a function-preserving BatchNorm after every conv without a norm layer (first pass).")
-@click.option("--recalibrate-bn", type=click.IntRange(min=1), metavar="N",
-              help="Re-estimate BatchNorm statistics from N batches of --calib-data (after pruning).")
-@click.option("--calib-data", metavar="SPEC",
-              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn and to calibrate --insert-bn.")
-@click.option("--fold-bn", is_flag=True, help="Fold BatchNorms into the preceding conv/linear layers (last pass).")
 @click.option("--device", callback=parse_device, metavar="auto|cpu|cuda|cuda:N|mps",
               help="Move the model to this device first (auto: CUDA, then MPS, then CPU).")
 @click.option("--amp", type=click.Choice(["auto", "bf16", "fp16", "off"]),
@@ -39,6 +39,18 @@ from optkit.cli._options import parse_device, parse_ratio, parse_shape, parse_wo
 @click.option("--channels-last", is_flag=True, help="Store conv weights channels-last (NHWC).")
 @click.option("--workers", callback=parse_workers, metavar="auto|N",
               help="DataLoader workers for passes that load data (auto: chosen by measurement).")
+@click.option("--insert-bn", is_flag=True,
+              help="Insert a function-preserving BatchNorm after every conv without a norm layer (first pass).")
+@click.option("--recalibrate-bn", type=click.IntRange(min=1), metavar="N",
+              help="Re-estimate BatchNorm statistics from N batches of --calib-data (after pruning).")
+@click.option("--calib-data", metavar="SPEC",
+              help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for --recalibrate-bn and to calibrate --insert-bn.")
+@click.option("--fold-bn", is_flag=True, help="Fold BatchNorms into the preceding conv/linear layers (last pass).")
+@click.option("--iterative-steps", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Prune in this many steps whose ratios compound to --prune; with --finetune, fine-tune after each.")
+@click.option("--finetune", "finetune_data", metavar="SPEC",
+              help="Fine-tune after pruning on this dataset (fashion-mnist, imagefolder:DIR, ...); see the training flags.")
+@training_options
 @click.option("--input-shape", callback=parse_shape, help="Example input shape, e.g. 1,3,224,224.")
 @click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
 @click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
@@ -59,18 +71,25 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
 
     from optkit import models, workflow
     from optkit.report import print_report
+    from optkit.train import init_distributed, is_main_process
 
     console = Console(stderr=True)
     pipeline = _pipeline(model, recipe_path, input_shape, flags)
+    init_distributed()
+    show_epoch_lines()
     with console.status(f"loading {model}"):
         loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
+    if input_shape is None and recipe_path is None and flags.get("finetune_data"):
+        pipeline.input_shape = data_input_shape(loaded.model, flags["finetune_data"])
+    with_run_options(pipeline, out_dir, resume=flags.get("resume", False))
 
     def on_pass(index: int, total: int, name: str) -> None:
         console.print(f"[{index + 1}/{total}] running {name}")
 
     report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, latency=latency)
-    print_report(report, Console())
-    click.echo(f"Wrote {', '.join(workflow.OUTPUT_FILES)} to {out_dir}")
+    if is_main_process():
+        print_report(report, Console())
+        click.echo(f"Wrote {', '.join(workflow.OUTPUT_FILES)} to {out_dir}")
 
 
 def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str, Any]):
@@ -86,7 +105,7 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
             pipeline.input_shape = input_shape
         return pipeline
     if not entries:
-        raise click.UsageError("nothing to do: give --prune RATIO (or another pass flag) or --recipe FILE")
+        raise click.UsageError("nothing to do: give --prune RATIO, --finetune SPEC (or another pass flag) or --recipe FILE")
     data = {"input_shape": list(input_shape or default_input_shape(model)), "pass": entries}
     return Pipeline.from_dict(data, source="command-line flags")
 
@@ -103,14 +122,27 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
         raise click.UsageError("--calib-data is used only by --insert-bn and --recalibrate-bn; add one of them")
     if flags.get("insert_bn"):
         entries.append({"name": "insert_batchnorm", **({"data": calib_data} if calib_data else {})})
-    if flags["ratio"] is not None:
-        if flags["method"] == "structured":
-            entries.append({"name": "structured_prune", "ratio": flags["ratio"], "round_to": flags["round_to"],
-                            "importance": flags["importance"], "global": flags["global_"]})
-        else:
-            entries.append({"name": "l1_unstructured", "ratio": flags["ratio"], "global": flags["global_"]})
+    after_prune = []
     if flags.get("recalibrate_bn") is not None:
-        entries.append({"name": "recalibrate_batchnorm", "data": calib_data, "batches": flags["recalibrate_bn"]})
+        after_prune.append({"name": "recalibrate_batchnorm", "data": calib_data, "batches": flags["recalibrate_bn"]})
+    if flags.get("finetune_data"):
+        finetune = {"name": "finetune", "data": flags["finetune_data"], **finetune_settings(flags)}
+        if flags.get("device") not in (None, "auto"):
+            finetune["device"] = flags["device"]
+        after_prune.append(finetune)
+    steps = flags.get("iterative_steps", 1)
+    if flags["ratio"] is not None and steps > 1 and flags.get("finetune_data"):
+        # Each step removes the same fraction of what is left, so the steps compound to the total.
+        step_ratio = 1.0 - (1.0 - flags["ratio"]) ** (1.0 / steps)
+        for _ in range(steps):
+            entries += [_prune_entry(flags, step_ratio), *(dict(e) for e in after_prune)]
+    else:
+        if flags["ratio"] is not None:
+            entry = _prune_entry(flags, flags["ratio"])
+            if steps > 1 and entry["name"] == "structured_prune":
+                entry["iterative_steps"] = steps
+            entries.append(entry)
+        entries += after_prune
     if flags.get("fold_bn"):
         entries.append({"name": "fold_batchnorm"})
     if flags.get("channels_last"):
@@ -120,6 +152,13 @@ def pass_entries_from_flags(flags: dict[str, Any]) -> list[dict[str, Any]]:
     if flags.get("workers") is not None:
         _set_data_workers(entries, flags["workers"])
     return entries
+
+
+def _prune_entry(flags: dict[str, Any], ratio: float) -> dict[str, Any]:
+    if flags["method"] == "structured":
+        return {"name": "structured_prune", "ratio": ratio, "round_to": flags["round_to"],
+                "importance": flags["importance"], "global": flags["global_"]}
+    return {"name": "l1_unstructured", "ratio": ratio, "global": flags["global_"]}
 
 
 def _set_data_workers(entries: list[dict[str, Any]], workers: int | str) -> None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from optkit.passes.base import Pass
 
 _PASSES: dict[str, str] = {
+    "finetune": "optkit.passes.finetune:FineTune",
     "l1_unstructured": "optkit.passes.prune:L1Unstructured",
     "structured_prune": "optkit.passes.prune:StructuredPrune",
     "insert_batchnorm": "optkit.passes.batchnorm:InsertBatchNorm",

@@ -25,6 +25,10 @@ SHARED_SETTINGS = ("input_shape", "device")
 
 DEFAULT_INPUT_SHAPE = (1, 3, 224, 224)
 
+#: Field metadata for settings that are run options or live objects (a teacher
+#: model, ``resume``), left out of :meth:`Pass.settings` and so out of recipes.
+NOT_IN_RECIPE = {"recipe": False}
+
 
 @dataclass
 class PassResult:
@@ -54,11 +58,11 @@ class Pass:
         return self.apply(model).model
 
     def settings(self) -> dict[str, Any]:
-        """The pass's settings as plain values (tuples become lists, unset ones are left out)."""
+        """The pass's recipe settings as plain values (tuples become lists; unset ones and run options are left out)."""
         values = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or f.metadata.get("recipe") is False:
                 continue
             values[f.name] = _plain(value)
         return values
