@@ -34,8 +34,9 @@ def build_report(run: PipelineRun, *, model: str, input_shape: tuple[int, ...],
             conv/linear layers (see :func:`optkit.inspect.layer_channels`).
         latency: ``{"before": {...}, "after": {...}}`` timings (``median_ms``,
             ``p90_ms``, ``spread``) when they were measured.
-        accuracy: ``{"before": float, "after": float}`` (and optionally
-            ``"dataset"``) when data was given.
+        accuracy: ``{"before": float | None, "after": float}`` (and optionally
+            ``"dataset"``) when data was given; by default the validation
+            accuracy a fine-tune pass reached, with "before" unmeasured.
         input_file_size: size in bytes of the checkpoint the model was read
             from, compared with ``model.pt`` in the report.
 
@@ -59,10 +60,21 @@ def build_report(run: PipelineRun, *, model: str, input_shape: tuple[int, ...],
     }
     if latency is not None:
         report["latency"] = latency
+    accuracy = accuracy if accuracy is not None else _finetune_accuracy(run)
     if accuracy is not None:
         report["accuracy"] = accuracy
     report["notes"] = _notes(run, report)
     return report
+
+
+def _finetune_accuracy(run: PipelineRun) -> dict[str, Any] | None:
+    """The validation accuracy the last fine-tune pass reached (its "before" was not measured)."""
+    for record in reversed(run.records):
+        if record.details.get("val_accuracy") is not None:
+            data = record.details.get("data")
+            return {"before": None, "after": record.details["val_accuracy"],
+                    "dataset": f"the val split of {data}" if data else "the validation data"}
+    return None
 
 
 def _layer_rows(channels: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
@@ -126,9 +138,10 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             b, a = latency["before"][key], latency["after"][key]
             rows.append((label, f"{b:.2f}", f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
     accuracy = report.get("accuracy") or {}
-    if accuracy.get("before") is not None and accuracy.get("after") is not None:
-        rows.append(("Accuracy", f"{accuracy['before']:.2%}", f"{accuracy['after']:.2%}",
-                     f"{(accuracy['after'] - accuracy['before']) * 100:+.2f} pts"))
+    if accuracy.get("after") is not None:
+        before = accuracy.get("before")
+        rows.append(("Accuracy", "-" if before is None else f"{before:.2%}", f"{accuracy['after']:.2%}",
+                     "" if before is None else f"{(accuracy['after'] - before) * 100:+.2f} pts"))
     return rows
 
 

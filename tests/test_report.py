@@ -80,6 +80,15 @@ def test_export_section():
     assert "| 3 | 3e-07 | 0.0001 | yes |" in text
 
 
+def test_accuracy_from_a_finetune_pass():
+    report = build_report(fake_run("finetune", {"data": "fashion-mnist", "val_accuracy": 0.8512}), model="m",
+                          input_shape=(1, 1, 28, 28))
+    assert report["accuracy"] == {"before": None, "after": 0.8512, "dataset": "the val split of fashion-mnist"}
+    text = to_markdown(report)
+    assert "| Accuracy | - | 85.12% |  |" in text
+    assert "Accuracy measured on the val split of fashion-mnist." in text
+
+
 def test_noisy_latency_is_noted():
     latency = {"before": {"median_ms": 10.0, "p90_ms": 20.0, "spread": 2.0},
                "after": {"median_ms": 6.0, "p90_ms": 6.3, "spread": 1.05}}
