@@ -34,6 +34,7 @@ _EXPORTS = {
     "Pipeline": "optkit.pipeline",
     "load_model": "optkit.models",
     "save_checkpoint": "optkit.checkpoint",
+    "export_onnx": "optkit.export",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from optkit import checkpoint
 from optkit.errors import OptkitError
+from optkit.export import export_onnx, weights_sizes
 from optkit.inspect import layer_channels
 from optkit.models import LoadedModel
 from optkit.outputs import StagedOutputs, prepare_output_dir
@@ -17,6 +18,7 @@ from optkit.pipeline import Pipeline
 from optkit.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
+EXPORT_FORMATS = ("onnx",)
 
 
 def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
@@ -44,12 +46,16 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
 
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
-             on_pass: Callable[[int, int, str], None] | None = None, latency: bool = False) -> dict[str, Any]:
+             on_pass: Callable[[int, int, str], None] | None = None, export: str | None = None,
+             latency: bool = False) -> dict[str, Any]:
     """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
     and ``channels.png`` (output channels per layer, before and after).
 
     All files appear together at the end, or none do (a failure leaves
     ``out_dir`` as it was). In a distributed run only rank 0 writes. With
+    ``export="onnx"``, a verified ``model.onnx`` is written too (see
+    :func:`optkit.export.export_onnx`) and the report gets an ``export``
+    section with the compressed size of the weights before and after. With
     ``latency``, the model is timed before and after the passes (PyTorch
     eager, where it lives) for the report.
 
@@ -59,15 +65,20 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     Raises:
         OptkitError: for an unusable output folder, a model that does not run
             at the pipeline's input shape, or a failing pass (``PassError``).
+        ExportError: when the exported model does not verify (nothing is written).
     """
     from optkit.train import is_main_process
 
+    if export is not None and export not in EXPORT_FORMATS:
+        raise OptkitError(f"unknown export format {export!r}; choose from {', '.join(EXPORT_FORMATS)}")
     # Under torchrun every rank runs the pipeline (pruning identically, then training
     # together); only rank 0 writes.
     main = is_main_process()
-    out = prepare_output_dir(out_dir, OUTPUT_FILES, force=force) if main else None
+    produced = OUTPUT_FILES + (("model.onnx",) if export else ())
+    out = prepare_output_dir(out_dir, produced, force=force) if main else None
     check_runs(loaded, pipeline.input_shape)
-    # Passes change the model in place, so the channels before must be read first.
+    # Measured now: the passes change the model in place.
+    weights_before = weights_sizes(loaded.model) if export and main else None
     channels = {"before": layer_channels(loaded.model)}
     timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
     run = pipeline.run(loaded.model, on_pass=on_pass if main else None)
@@ -81,10 +92,16 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
         files = {"model.pt": staged.path("model.pt").stat().st_size}
+        exported = _export_onnx(run.model, staged.path("model.onnx"), pipeline.input_shape, weights_before) if export else None
+        if exported is not None:
+            files["model.onnx"] = exported["file_size"]
         source = Path(loaded.source)
         report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
                               channels=channels, input_file_size=source.stat().st_size if source.is_file() else None,
                               latency=timings)
+        if exported is not None:
+            report["export"] = exported
+            report["notes"].extend(exported["notes"])
         if loaded.arch is None:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -100,3 +117,19 @@ def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
 
     (result,) = bench_torch(model, input_shape, device=str(model_device(model)), warmup=3, repeats=20)
     return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}
+
+
+def _export_onnx(model, path, input_shape: tuple[int, ...], weights_before: dict[str, int]) -> dict[str, Any]:
+    """Export ``model`` to ``path`` and describe it for the report, with weight sizes before and after the passes."""
+    result = export_onnx(model, path, input_shape).to_dict()
+    result["path"] = os.path.basename(result["path"])
+    after = weights_sizes(model)
+    result["weights_before"], result["weights_after"] = weights_before, after
+    checks = "; ".join(f"batch {v['batch_size']}: max |diff| {v['max_abs_diff']:.2g} <= {v['tolerance']:.2g}"
+                       for v in result["verification"])
+    result["notes"] = [f"model.onnx: {result['exporter']} exporter, opset {result['opset']}, verified against PyTorch "
+                       f"in ONNX Runtime ({checks})",
+                       f"weights: {weights_before['weights']:,} -> {after['weights']:,} bytes raw, "
+                       f"{weights_before['weights_gzip']:,} -> {after['weights_gzip']:,} bytes gzipped",
+                       *result["notes"]]
+    return result
