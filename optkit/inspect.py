@@ -137,17 +137,37 @@ def skipped_layers(model: nn.Module, input_shape: Sequence[int]) -> dict[str, st
     """
     import torch
 
-    from optkit.metrics import example_input
     from optkit.passes import prune
 
     if hasattr(prune, "skipped_layers"):
         return dict(prune.skipped_layers(model, tuple(input_shape)))
     reasons = {name: "final classifier: its outputs are the model's outputs"
-               for name in prune.final_layer_names(model, example_input(model, input_shape))}
+               for name in _last_layer(model, input_shape)}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.MultiheadAttention):
             reasons[name] = "attention block: its heads are left whole"
     return reasons
+
+
+def _last_layer(model: nn.Module, input_shape: Sequence[int]) -> list[str]:
+    """The name of the last conv/linear layer a forward pass runs (the classifier), as a list."""
+    import torch
+
+    from optkit.metrics import PRUNABLE_WEIGHT_TYPES, example_input
+
+    executed: list[str] = []
+    hooks = [module.register_forward_hook(lambda m, i, o, name=name: executed.append(name))
+             for name, module in model.named_modules() if isinstance(module, PRUNABLE_WEIGHT_TYPES)]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(example_input(model, input_shape))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return executed[-1:]
 
 
 def _layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[dict[int, int], int]:
