@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from optkit import checkpoint
 from optkit.errors import OptkitError
 from optkit.export import export_onnx, weights_sizes
+from optkit.inspect import layer_channels
 from optkit.models import LoadedModel
 from optkit.outputs import StagedOutputs, prepare_output_dir
 from optkit.pipeline import Pipeline
-from optkit.report import build_report, to_markdown
+from optkit.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
-OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md")
+OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
 EXPORT_FORMATS = ("onnx",)
 
 
@@ -44,14 +46,18 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
 
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
-             on_pass: Callable[[int, int, str], None] | None = None, export: str | None = None) -> dict[str, Any]:
-    """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``.
+             on_pass: Callable[[int, int, str], None] | None = None, export: str | None = None,
+             latency: bool = False) -> dict[str, Any]:
+    """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
+    and ``channels.png`` (output channels per layer, before and after).
 
     All files appear together at the end, or none do (a failure leaves
     ``out_dir`` as it was). In a distributed run only rank 0 writes. With
     ``export="onnx"``, a verified ``model.onnx`` is written too (see
     :func:`optkit.export.export_onnx`) and the report gets an ``export``
-    section with the compressed size of the weights before and after.
+    section with the compressed size of the weights before and after. With
+    ``latency``, the model is timed before and after the passes (PyTorch
+    eager, where it lives) for the report.
 
     Returns:
         the report (as written to ``report.json``).
@@ -73,7 +79,12 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     check_runs(loaded, pipeline.input_shape)
     # Measured now: the passes change the model in place.
     weights_before = weights_sizes(loaded.model) if export and main else None
+    channels = {"before": layer_channels(loaded.model)}
+    timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
     run = pipeline.run(loaded.model, on_pass=on_pass if main else None)
+    channels["after"] = layer_channels(checkpoint.unwrap(run.model))
+    if timings is not None:
+        timings["after"] = time_model(run.model, pipeline.input_shape)
     recipe_text = pipeline.to_toml()
     if not main:
         return build_report(run, model=loaded.source, input_shape=pipeline.input_shape)
@@ -84,15 +95,28 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         exported = _export_onnx(run.model, staged.path("model.onnx"), pipeline.input_shape, weights_before) if export else None
         if exported is not None:
             files["model.onnx"] = exported["file_size"]
-        report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files)
+        source = Path(loaded.source)
+        report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
+                              channels=channels, input_file_size=source.stat().st_size if source.is_file() else None,
+                              latency=timings)
         if exported is not None:
             report["export"] = exported
             report["notes"].extend(exported["notes"])
         if loaded.arch is None:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        staged.path("report.md").write_text(to_markdown(report), encoding="utf-8")
+        plot = CHANNELS_PLOT if plot_channels(report, staged.path(CHANNELS_PLOT)) else None
+        staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
     return report
+
+
+def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """Eager PyTorch latency of one call at ``input_shape``, on the model's own device, for the report."""
+    from optkit.bench import bench_torch
+    from optkit.metrics import model_device
+
+    (result,) = bench_torch(model, input_shape, device=str(model_device(model)), warmup=3, repeats=20)
+    return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}
 
 
 def _export_onnx(model, path, input_shape: tuple[int, ...], weights_before: dict[str, int]) -> dict[str, Any]:

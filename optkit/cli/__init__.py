@@ -59,13 +59,17 @@ def passes_command(pattern: str) -> None:
 
 def _register_commands() -> None:
     # Each command lives in its own module under optkit/cli/; importing them is cheap (no torch).
+    from optkit.cli.bench import bench_command
     from optkit.cli.export import export_command
     from optkit.cli.finetune import finetune_command
+    from optkit.cli.inspect import inspect_command
     from optkit.cli.optimize import optimize_command
 
     main.add_command(optimize_command)
     main.add_command(finetune_command)
     main.add_command(export_command)
+    main.add_command(inspect_command)
+    main.add_command(bench_command)
 
 
 _register_commands()

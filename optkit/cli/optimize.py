@@ -75,7 +75,9 @@ def parse_fraction(ctx: click.Context, param: click.Parameter, value: float | No
 @click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
 @click.option("--export", "export_format", type=click.Choice(["onnx"]),
               help="Also write model.onnx, verified against PyTorch in ONNX Runtime.")
+@click.option("--latency", is_flag=True, help="Also time the model before and after (PyTorch eager) for the report.")
 def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, export_format,
+                     latency,
                      **flags: Any) -> None:
     """Slim MODEL (torchvision:NAME or a checkpoint file) and write the result and a report.
 
@@ -100,10 +102,12 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     def on_pass(index: int, total: int, name: str) -> None:
         console.print(f"[{index + 1}/{total}] running {name}")
 
-    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, export=export_format)
+    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, export=export_format,
+                               latency=latency)
     if is_main_process():
         print_report(report, Console())
-        click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md to {out_dir}")
+        plot = ", channels.png" if report.get("layers") else ""
+        click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot} to {out_dir}")
 
 
 def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str, Any]):

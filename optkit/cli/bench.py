@@ -1,0 +1,104 @@
+"""``optkit bench``: latency of a model (PyTorch eager) or an ONNX file (ONNX Runtime), or two compared."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from optkit.bench import ENGINES
+from optkit.cli._options import parse_shape
+
+
+@click.command("bench")
+@click.argument("model", required=False)
+@click.option("--compare", nargs=2, metavar="A B", help="Benchmark two models the same way and print the ratio A / B.")
+@click.option("--input-shape", callback=parse_shape,
+              help="Input shape, e.g. 1,3,224,224 (ONNX files: defaults to the file's declared shape).")
+@click.option("--batch-size", "batch_sizes", type=click.IntRange(min=1), multiple=True,
+              help="Batch size to time; repeat for several (e.g. --batch-size 1 --batch-size 8).")
+@click.option("--engine", "engines", type=click.Choice(ENGINES), multiple=True,
+              help="torch (eager) or onnxruntime; repeat for both. Default: torch for a model, "
+                   "onnxruntime for a .onnx file (a model is exported and verified first).")
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads (default: the engine's own choice).")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed calls before timing.")
+@click.option("--repeats", type=click.IntRange(min=1), default=30, show_default=True, help="Timed calls per batch size.")
+@click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
+@click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
+@click.option("--trust", is_flag=True, help="Allow full unpickling (runs code from the file): only for files you trust.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: bool, **options: Any) -> None:
+    """Time inference of MODEL: median, p90 and spread (p90 / median) over repeats.
+
+    MODEL is a model spec (timed in PyTorch eager) or a .onnx file (timed in
+    ONNX Runtime). With --compare A B, both are timed the same way and the
+    ratio of their medians is printed (above 1: B is faster).
+
+    Example: optkit bench --compare torchvision:resnet18 runs/demo/model.pt
+    """
+    if (model is None) == (compare is None):
+        raise click.UsageError("give one MODEL, or --compare A B")
+    specs = [model] if model is not None else list(compare)
+    runs = {spec: _run(spec, options) for spec in specs}
+    pairs = None
+    if compare is not None:
+        from optkit.bench import compare as pair_up
+
+        pairs = pair_up(runs[specs[0]], runs[specs[1]])
+    if as_json:
+        data: dict[str, Any] = {"results": {spec: [r.to_dict() for r in results] for spec, results in runs.items()}}
+        if pairs is not None:
+            data["compare"] = {"a": specs[0], "b": specs[1], "pairs": pairs}
+        click.echo(json.dumps(data, indent=2))
+        return
+    _print(runs, specs, pairs)
+
+
+def _run(spec: str, options: dict[str, Any]):
+    from optkit import bench
+
+    timing = {k: options[k] for k in ("threads", "device", "warmup", "repeats")}
+    batch_sizes = list(options["batch_sizes"]) or None
+    if bench.is_onnx(spec):
+        if set(options["engines"]) - {"onnxruntime"}:
+            raise click.UsageError(f"{spec} is an ONNX file: it runs only with --engine onnxruntime")
+        return bench.bench_onnx(spec, options["input_shape"], batch_sizes=batch_sizes, **timing)
+    from optkit import models
+
+    loaded = models.load(spec, arch=options["arch"], num_classes=options["num_classes"], trust=options["trust"])
+    shape = options["input_shape"] or models.default_input_shape(spec)
+    results = []
+    for engine in dict.fromkeys(options["engines"] or ("torch",)):
+        run = bench.bench_torch if engine == "torch" else bench.bench_exported
+        results += run(loaded.model, shape, batch_sizes=batch_sizes, **timing)
+    return results
+
+
+def _print(runs: dict[str, list], specs: list[str], pairs: list[dict[str, Any]] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        # Piped or captured output has no width to respect: don't fold names and numbers.
+        console = Console(width=200)
+    table = Table(title="latency per call in ms (median, p90; spread = p90 / median)")
+    for column in ("model", "engine", "threads", "input", "median", "p90", "spread", "items/s"):
+        table.add_column(column, justify="left" if column in ("model", "engine") else "right", overflow="fold")
+    for spec in specs:
+        for r in runs[spec]:
+            threads = "default" if r.threads is None else str(r.threads)
+            table.add_row(spec, f"{r.engine} ({r.device})", threads, "×".join(map(str, r.input_shape)),
+                          f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.spread:.2f}", f"{r.throughput:,.1f}")
+    console.print(table)
+    if any(r.spread > 1.2 for results in runs.values() for r in results):
+        console.print("note: p90 is over 20% above the median for some rows; the machine was noisy, "
+                      "so repeat (more --repeats, fewer other jobs) before trusting small differences.")
+    for pair in pairs or []:
+        verdict = "within the noise" if pair["noisy"] else ("B is faster" if pair["speedup"] > 1 else "A is faster")
+        console.print(f"{pair['engine']} batch {pair['batch_size']}: A / B = {pair['speedup']:.2f} "
+                      f"({pair['a_median_ms']:.2f} ms vs {pair['b_median_ms']:.2f} ms; {verdict})")
+    if pairs == []:
+        console.print("no common (engine, batch size) to compare: time both the same way")

@@ -1,0 +1,152 @@
+"""Reports: report.json/report.md content, the channels plot, and what optimize writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from torch import nn
+
+from optkit import workflow
+from optkit.metrics import ModelStats
+from optkit.models import ArchSpec, LoadedModel
+from optkit.passes.prune import L1Unstructured, StructuredPrune
+from optkit.pipeline import Pipeline, PassRecord, PipelineRun
+from optkit.report import (
+    NO_LATENCY_NOTE,
+    UNSTRUCTURED_NOTE,
+    build_report,
+    plot_channels,
+    print_report,
+    skipped_layers,
+    to_markdown,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_run(name: str = "structured_prune", details: dict | None = None) -> PipelineRun:
+    before = ModelStats(params=1000, macs=10_000, sparsity=0.0)
+    after = ModelStats(params=500, macs=4_000, sparsity=0.0)
+    return PipelineRun(nn.Identity(), before, after, [PassRecord(name, 1.25, after, details or {})])
+
+
+CHANNELS = {"before": {"conv": 64, "fc": 10}, "after": {"conv": 40, "fc": 10}}
+
+
+def test_report_figures_and_ratios():
+    report = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8), files={"model.pt": 2_000_000},
+                          channels=CHANNELS, input_file_size=4_000_000)
+    assert report["ratios"] == {"params": 0.5, "macs": 0.4}
+    assert report["file_size"] == {"before": 4_000_000, "after": 2_000_000}
+    assert report["layers"] == [{"name": "conv", "before": 64, "after": 40}, {"name": "fc", "before": 10, "after": 10}]
+    assert NO_LATENCY_NOTE in report["notes"]
+    assert "latency" not in report and "accuracy" not in report
+    json.dumps(report)
+
+
+def test_markdown_has_every_section():
+    details = {"skipped_layers": {"fc": "final classifier"}}
+    report = build_report(fake_run(details=details), model="m", input_shape=(1, 3, 8, 8),
+                          files={"model.pt": 2_000_000}, channels=CHANNELS, input_file_size=4_000_000,
+                          latency={"before": {"median_ms": 10.0, "p90_ms": 11.0, "spread": 1.1},
+                                   "after": {"median_ms": 6.0, "p90_ms": 6.6, "spread": 1.1}},
+                          accuracy={"before": 0.9, "after": 0.885, "dataset": "fashion-mnist test"})
+    text = to_markdown(report, plot="channels.png")
+    assert "| Parameters | 1,000 | 500 | 0.500× |" in text
+    assert "| MACs | 10,000 | 4,000 | 0.400× |" in text
+    assert "| File size (MB) | 4.00 | 2.00 | 0.500× |" in text
+    assert "| Latency median (ms) | 10.00 | 6.00 | 0.600× |" in text
+    assert "| Latency p90 (ms) | 11.00 | 6.60 | 0.600× |" in text
+    assert "| Accuracy | 90.00% | 88.50% | -1.50 pts |" in text
+    assert "Accuracy measured on fashion-mnist test." in text
+    assert "| structured_prune | 1.25 |" in text
+    assert "![output channels per layer, before and after](channels.png)" in text
+    assert "| `conv` | 64 | 40 |" in text and "| `fc` |" not in text
+    assert "- structured_prune: `fc`: final classifier" in text
+    assert NO_LATENCY_NOTE not in text  # latency was measured
+    assert "latency figures are noisy" not in text
+
+
+def test_export_section():
+    report = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8))
+    assert "## Export" not in to_markdown(report)
+    report["export"] = {"path": "model.onnx", "exporter": "torchscript", "opset": 18, "file_size": 2_000_000,
+                        "compressed_size": 1_800_000,
+                        "verification": [{"batch_size": 1, "max_abs_diff": 2e-7, "tolerance": 1e-4, "passed": True},
+                                         {"batch_size": 3, "max_abs_diff": 3e-7, "tolerance": 1e-4, "passed": True}]}
+    text = to_markdown(report)
+    assert "`model.onnx`: torchscript exporter, opset 18, 2,000,000 bytes (1,800,000 gzipped)." in text
+    assert "| 3 | 3e-07 | 0.0001 | yes |" in text
+
+
+def test_accuracy_from_a_finetune_pass():
+    report = build_report(fake_run("finetune", {"data": "fashion-mnist", "val_accuracy": 0.8512}), model="m",
+                          input_shape=(1, 1, 28, 28))
+    assert report["accuracy"] == {"before": None, "after": 0.8512, "dataset": "the val split of fashion-mnist"}
+    text = to_markdown(report)
+    assert "| Accuracy | - | 85.12% |  |" in text
+    assert "Accuracy measured on the val split of fashion-mnist." in text
+
+
+def test_noisy_latency_is_noted():
+    latency = {"before": {"median_ms": 10.0, "p90_ms": 20.0, "spread": 2.0},
+               "after": {"median_ms": 6.0, "p90_ms": 6.3, "spread": 1.05}}
+    report = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8), latency=latency)
+    assert any("latency figures are noisy (p90 / median up to 2.00)" in note for note in report["notes"])
+
+
+def test_unstructured_note_and_unchanged_channels():
+    channels = {"before": {"conv": 64}, "after": {"conv": 64}}
+    report = build_report(fake_run("l1_unstructured"), model="m", input_shape=(1, 3, 8, 8), channels=channels)
+    assert UNSTRUCTURED_NOTE in report["notes"]
+    assert "No layer changed its output channels (1 conv/linear layers)." in to_markdown(report)
+
+
+def test_ignored_layers_list_is_read_as_skipped():
+    report = build_report(fake_run(details={"ignored_layers": ["fc"]}), model="m", input_shape=(1, 3, 8, 8))
+    assert list(skipped_layers(report)["structured_prune"]) == ["fc"]
+
+
+def test_plot_channels(tmp_path):
+    report = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8), channels=CHANNELS)
+    assert plot_channels(report, tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
+    empty = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8))
+    assert not plot_channels(empty, tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_print_report(capsys):
+    from rich.console import Console
+
+    report = build_report(fake_run(), model="m", input_shape=(1, 3, 8, 8))
+    print_report(report, Console(width=120))
+    out = capsys.readouterr().out
+    assert "0.400×" in out and "structured_prune: 1.25 s" in out
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("pass_", [StructuredPrune(ratio=0.5, round_to=1), L1Unstructured(ratio=0.5)],
+                         ids=["structured", "unstructured"])
+def test_optimize_writes_markdown_and_plot(tmp_path, pass_):
+    loaded = LoadedModel(small_cnn(), ArchSpec("torch.nn:Sequential"), "small-cnn")
+    report = workflow.optimize(loaded, Pipeline([pass_], input_shape=(1, 3, 16, 16)), tmp_path, latency=True)
+    assert (tmp_path / "channels.png").read_bytes()[:8] == PNG_MAGIC
+    text = (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "report.json").read_text()) == report
+    assert "](channels.png)" in text and "## Passes" in text and "| Latency median (ms) |" in text
+    for side in ("before", "after"):
+        assert report["latency"][side]["engine"] == "torch" and report["latency"][side]["repeats"] == 20
+        assert 0 < report["latency"][side]["median_ms"] <= report["latency"][side]["p90_ms"]
+    assert [row["name"] for row in report["layers"]] == ["0", "3", "7"]
+    if pass_.name == "structured_prune":
+        assert report["layers"][0] == {"name": "0", "before": 16, "after": 8}
+        assert "`7`" in text.split("## Skipped layers")[1]  # the classifier
+    else:
+        assert all(row["before"] == row["after"] for row in report["layers"])
+        assert UNSTRUCTURED_NOTE in text
