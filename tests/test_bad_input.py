@@ -19,7 +19,7 @@ from optkit.cli import main
 from optkit.passes._registry import get_pass, list_passes
 
 SMALL = ["--input-shape", "1,3,32,32"]
-PRODUCED = ("model.pt", "recipe.toml", "report.json", "report.md")
+PRODUCED = ("channels.png", "model.pt", "recipe.toml", "report.json", "report.md")
 
 
 @pytest.fixture(scope="module")

@@ -408,7 +408,7 @@ def test_optimize_export_onnx_writes_model_onnx_beside_model_pt(tmp_path):
     result = _invoke("optimize", "torchvision:resnet18", "--num-classes", 10, "--input-shape", "1,3,64,64",
                      "--prune", 0.3, "--export", "onnx", "--out", out)
     assert result.exit_code == 0, result.output
-    assert sorted(os.listdir(out)) == ["model.onnx", "model.pt", "recipe.toml", "report.json", "report.md"]
+    assert sorted(os.listdir(out)) == ["channels.png", "model.onnx", "model.pt", "recipe.toml", "report.json", "report.md"]
     report = json.loads((out / "report.json").read_text())
     assert report["files"]["model.onnx"] == (out / "model.onnx").stat().st_size
     exported = report["export"]

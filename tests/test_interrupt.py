@@ -111,7 +111,7 @@ def _rerun_cleans_up(out: Path) -> None:
     ("prune", set(), 0),
     ("torch-save", set(), 1),
     ("replace-1", set(), 1),
-    ("replace-3", {"model.pt"}, 1),
+    ("replace-4", {"channels.png", "model.pt"}, 1),
 ])
 def test_sigkill_at_a_fixed_point(tmp_path, point, published, staged):
     out = tmp_path / "out"

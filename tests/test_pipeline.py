@@ -31,7 +31,8 @@ def test_records_per_pass_time_params_macs_and_sparsity():
     assert sparse_record.stats.params == prune_record.stats.params
     assert sparse_record.stats.sparsity == pytest.approx(0.2, abs=0.005)
     assert run.after == sparse_record.stats
-    assert prune_record.details["ignored_layers"] == ["fc"]
+    assert prune_record.details["skipped_layers"] == {}
+    assert prune_record.details["pruned_layers"] == 21
 
 
 def test_failing_pass_is_named_with_the_passes_before_it():

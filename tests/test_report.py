@@ -146,7 +146,9 @@ def test_optimize_writes_markdown_and_plot(tmp_path, pass_):
     assert [row["name"] for row in report["layers"]] == ["0", "3", "7"]
     if pass_.name == "structured_prune":
         assert report["layers"][0] == {"name": "0", "before": 16, "after": 8}
-        assert "`7`" in text.split("## Skipped layers")[1]  # the classifier
+        # The classifier keeps its outputs but loses input channels: pruned, not skipped.
+        assert report["passes"][0]["details"]["skipped_layers"] == {}
+        assert "## Skipped layers" not in text
     else:
         assert all(row["before"] == row["after"] for row in report["layers"])
         assert UNSTRUCTURED_NOTE in text

@@ -430,7 +430,7 @@ def test_optimize_flags_build_batchnorm_entries():
     assert [e.get("num_workers") for e in with_workers] == [None, 2]
     with pytest.raises(click.UsageError, match="--calib-data"):
         pass_entries_from_flags({**base, "recalibrate_bn": 5, "calib_data": None})
-    with pytest.raises(click.UsageError, match="--insert-bn and --recalibrate-bn"):
+    with pytest.raises(click.UsageError, match="--insert-bn, --recalibrate-bn"):
         pass_entries_from_flags({**base, "calib_data": "fashion-mnist"})
 
 
