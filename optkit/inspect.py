@@ -153,18 +153,15 @@ def _last_layer(model: nn.Module, input_shape: Sequence[int]) -> list[str]:
     """The name of the last conv/linear layer a forward pass runs (the classifier), as a list."""
     import torch
 
-    from optkit.metrics import PRUNABLE_WEIGHT_TYPES, example_input
+    from optkit.metrics import PRUNABLE_WEIGHT_TYPES, eval_mode, example_input
 
     executed: list[str] = []
     hooks = [module.register_forward_hook(lambda m, i, o, name=name: executed.append(name))
              for name, module in model.named_modules() if isinstance(module, PRUNABLE_WEIGHT_TYPES)]
-    was_training = model.training
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(example_input(model, input_shape))
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
     return executed[-1:]
@@ -180,18 +177,15 @@ def _layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[dict[in
     import torch_pruning as tp
 
     from optkit.errors import OptkitError
-    from optkit.metrics import example_input
+    from optkit.metrics import eval_mode, example_input
 
-    was_training = model.training
     inputs = example_input(model, input_shape)
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             total, _, per_module, _ = tp.utils.count_ops_and_params(model, inputs, layer_wise=True)
     except Exception as e:
         shape = ",".join(map(str, input_shape))
         raise OptkitError(f"the model does not run on input shape {shape} ({e}); set --input-shape to what it expects") from e
-    finally:
-        model.train(was_training)
     batch = input_shape[0]
     return {id(m): int(v or 0) // batch for m, v in per_module.items()}, int(total)
 

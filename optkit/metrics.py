@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -67,16 +68,24 @@ def example_input(model: nn.Module, input_shape: Sequence[int], *, seed: int = 0
     return torch.randn(*input_shape, generator=generator).to(model_device(model))
 
 
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` in eval mode for the block, then restore the train/eval mode it had."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 def count_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
     """MACs of one forward pass, counted by torch-pruning's op counter on a copy in eval mode."""
     import torch_pruning as tp
 
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            macs, _ = tp.utils.count_ops_and_params(model, example_input(model, input_shape))
-    finally:
-        model.train(was_training)
+    # The counter puts the model in eval mode itself; eval_mode restores the caller's mode.
+    with eval_mode(model), torch.no_grad():
+        macs, _ = tp.utils.count_ops_and_params(model, example_input(model, input_shape))
     return int(macs)
 
 

@@ -29,20 +29,16 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
     """
     import torch
 
-    from optkit.metrics import example_input
+    from optkit.metrics import eval_mode, example_input
 
     model = loaded.model
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(example_input(model, input_shape))
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         shape = ",".join(map(str, input_shape))
         raise OptkitError(f"the model does not run on input shape {shape} ({first}); set --input-shape to what it expects") from e
-    finally:
-        model.train(was_training)
 
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,

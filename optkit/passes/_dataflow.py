@@ -103,6 +103,8 @@ def _fx_label(node: Any) -> str:
 def _autograd_flow(model: nn.Module, example: torch.Tensor) -> DataFlow:
     import torch
 
+    from optkit.metrics import eval_mode
+
     flow = DataFlow("autograd")
     owner: dict[Any, str] = {}
     kept: list[Any] = []
@@ -120,13 +122,10 @@ def _autograd_flow(model: nn.Module, example: torch.Tensor) -> DataFlow:
 
     leaves = [(name, m) for name, m in model.named_modules() if name and not any(True for _ in m.children())]
     handles = [m.register_forward_hook(record(name)) for name, m in leaves]
-    was_training = model.training
     try:
-        model.eval()
-        with torch.enable_grad():
+        with eval_mode(model), torch.enable_grad():
             outputs = model(example)
     finally:
-        model.train(was_training)
         for handle in handles:
             handle.remove()
 

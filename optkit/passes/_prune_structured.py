@@ -184,6 +184,8 @@ def capture_inputs(root: nn.Module, inputs: Any, names: list[str]) -> dict[str, 
     """
     import torch
 
+    from optkit.metrics import eval_mode
+
     captured: dict[str, Any] = {}
 
     def keep(name):
@@ -192,13 +194,10 @@ def capture_inputs(root: nn.Module, inputs: Any, names: list[str]) -> dict[str, 
         return hook
 
     hooks = [root.get_submodule(name).register_forward_pre_hook(keep(name)) for name in names]
-    was_training = root.training
     try:
-        root.eval()
-        with torch.no_grad():
+        with eval_mode(root), torch.no_grad():
             root(*inputs) if isinstance(inputs, list) else root(inputs)
     finally:
-        root.train(was_training)
         for hook in hooks:
             hook.remove()
     missing = [n for n in names if n not in captured]

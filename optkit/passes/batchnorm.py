@@ -392,6 +392,8 @@ def _calibrate(model: nn.Module, bns: list[nn.Module], calibration: Iterable[Any
     """Set each new BN's statistics from its inputs; the BNs are still identities meanwhile."""
     import torch
 
+    from optkit.metrics import eval_mode
+
     sums: dict[int, list[Any]] = {}
 
     def accumulate(bn, args):
@@ -402,16 +404,13 @@ def _calibrate(model: nn.Module, bns: list[nn.Module], calibration: Iterable[Any
         total[2] = total[2] + (x * x).sum(dim=1)
 
     handles = [bn.register_forward_pre_hook(accumulate) for bn in bns]
-    was_training = model.training
     used = 0
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             for batch in calibration:
                 model(_batch_input(batch, model))
                 used += 1
     finally:
-        model.train(was_training)
         for handle in handles:
             handle.remove()
     if used == 0:
@@ -483,6 +482,8 @@ def _fold_into(layer: nn.Module, bn: nn.Module) -> None:
 def _output_ndims(model: nn.Module, names: list[str], example: torch.Tensor) -> dict[str, int]:
     import torch
 
+    from optkit.metrics import eval_mode
+
     ndims: dict[str, int] = {}
 
     def record(name: str):
@@ -492,13 +493,10 @@ def _output_ndims(model: nn.Module, names: list[str], example: torch.Tensor) -> 
 
     modules = dict(model.named_modules())
     handles = [modules[n].register_forward_hook(record(n)) for n in names]
-    was_training = model.training
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(example)
     finally:
-        model.train(was_training)
         for handle in handles:
             handle.remove()
     return ndims

@@ -222,7 +222,7 @@ class StructuredPrune(Pass):
     def _root_and_inputs(self, model: nn.Module) -> tuple[nn.Module, Any, str | None]:
         import torch
 
-        from optkit.metrics import example_input
+        from optkit.metrics import eval_mode, example_input
 
         inputs = example_input(model, self.input_shape or DEFAULT_INPUT_SHAPE)
         submodule = self.submodule if self.submodule is not None else default_submodule(model)
@@ -234,14 +234,11 @@ class StructuredPrune(Pass):
             raise ValueError(f"submodule {submodule!r} is not a module of {type(model).__name__}") from e
         captured: list = []
         hook = root.register_forward_pre_hook(lambda module, args: captured.append(args))
-        was_training = model.training
         try:
-            model.eval()
-            with torch.no_grad():
+            with eval_mode(model), torch.no_grad():
                 model(inputs)
         finally:
             hook.remove()
-            model.train(was_training)
         if not captured:
             raise ValueError(f"submodule {submodule!r} does not run in a forward pass at input_shape {self.input_shape}")
         args = captured[0]
