@@ -287,12 +287,47 @@ def output_layers(graph: Any, output_grad_fns: set) -> list:
 
 
 def _pruner_class():
+    import math
+
     import torch_pruning as tp
 
     class _Pruner(tp.pruner.BasePruner):
-        # torch-pruning rounds the kept width down to a multiple of round_to and
-        # may round it to zero; keep at least one multiple.
+        """torch-pruning's ``BasePruner`` with channel rounding that respects channel groups.
+
+        For a group of layers split into ``g`` channel groups (attention heads,
+        grouped convolutions) torch-pruning ranks and counts the channels of one
+        group but rounds that count as if it were the whole layer's, so each
+        group loses a multiple of ``round_to`` channels: ViT-B's head size can
+        only go 64 -> 56 -> 48, and a 4-channel group of a grouped conv loses
+        all of them. Here the per-group count is rounded so that the layer's
+        total width is a multiple of ``round_to`` (each group keeps a multiple
+        of ``round_to / gcd(round_to, g)``), and at least one step is kept.
+        """
+
+        def __init__(self, *args, **kwargs):
+            self._groups_of_root: dict = {}
+            self._counted: Any = None
+            super().__init__(*args, **kwargs)
+            for name in ("get_out_channels", "get_in_channels"):
+                setattr(self.DG, name, self._remember_counted(getattr(self.DG, name)))
+
+        def _remember_counted(self, count_channels):
+            # The pruning loop counts a group root's channels right before rounding.
+            def counted(module):
+                self._counted = module
+                return count_channels(module)
+            return counted
+
+        def _get_channel_groups(self, group) -> int:
+            groups = super()._get_channel_groups(group)
+            self._groups_of_root[group[0].dep.target.module] = groups
+            return groups
+
         def _round_to(self, n_pruned, current_channels, round_to):
+            groups = self._groups_of_root.get(self._counted, 1)
+            if groups > 1 and current_channels % groups == 0:
+                current_channels //= groups
+                round_to //= math.gcd(round_to, groups)
             kept = current_channels - n_pruned
             kept = max(kept - kept % round_to, min(round_to, current_channels))
             return max(current_channels - kept, 0)

@@ -213,6 +213,26 @@ def test_round_to_and_per_layer_widths():
     assert all(w % 8 == 0 for w in widths)
 
 
+def test_attention_heads_are_rounded_per_head():
+    # 4 heads of 16: 30% off each head keeps 11, rounded to 10 so that the
+    # width (4 x 10) is a multiple of round_to=8. Rounding each head's count
+    # as if it were the whole layer's would cut every head to 8 (half).
+    model = build("small_vit")
+    StructuredPrune(ratio=0.3, round_to=8, input_shape=SMALL).apply(model)
+    assert model.hidden_dim == 40
+    assert model.encoder.layers[0].self_attention.num_heads == 4
+
+
+def test_grouped_conv_is_rounded_per_group():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1, groups=8),
+                          nn.ReLU(), nn.Conv2d(32, 16, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    StructuredPrune(ratio=0.3, round_to=8, input_shape=(1, 3, 16, 16)).apply(model)
+    grouped = model[2]
+    assert grouped.groups == 8 and grouped.out_channels % 8 == 0 and 8 <= grouped.out_channels < 32
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
+
+
 def test_global_ranking_gives_uneven_widths():
     def inner_widths(model):  # the first conv of each residual block: its output is pruned on its own
         return [block.conv1.out_channels for layer in (model.layer1, model.layer2, model.layer3, model.layer4)
