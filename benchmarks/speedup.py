@@ -51,15 +51,15 @@ OPT_LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
               "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 RESULTS = Path(__file__).parent / "results"
 NOTES = [
-    "StructuredPrune leaves nn.MultiheadAttention untouched, so in vit_b_16 only the MLP blocks (and what "
-    "depends on them) are pruned; its MACs ratio stays high.",
+    "StructuredPrune prunes vit_b_16 by whole attention heads and MLP hidden units and writes num_heads / "
+    "hidden_dim back, so attention shrinks too.",
     "torchvision zero-initializes vit_b_16's classifier head, so with random weights its outputs are exactly "
     "zero and its export check is trivial there (latency does not depend on the weights' values).",
     "Both the unpruned and pruned models go through the same export (BatchNorm folded, TorchScript exporter "
     "unless it fails) and the same ONNX Runtime settings.",
-    "The machine's 2 cores were shared with other jobs while this ran: the 1-minute load average at the start "
-    "and end of each model is in the last column. Interleaved timing keeps the before/after ratio fair, but "
-    "absolute milliseconds are inflated by that load.",
+    "The 1-minute load average at the start and end of each model is in the last column; above about 1.2 "
+    "something else was running and absolute milliseconds are inflated (interleaved timing keeps the "
+    "before/after ratio fair).",
 ]
 
 
@@ -173,9 +173,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="StructuredPrune round_to; 16 fp32 values fill one AVX-512 register, the block ONNX Runtime's NCHWc convolutions use")
     parser.add_argument("--opt-level", choices=sorted(OPT_LEVELS), default="all")
     parser.add_argument("--exporter", choices=["auto", "torchscript", "dynamo"], default="auto")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="ONNX Runtime intra-op threads; on the 2-core benchmark machine 1 thread ran faster "
+                             "than 2 for most models (see speedup-2threads.md)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     parser.add_argument("--out", default=str(RESULTS / "speedup"), help="output path without extension")
     args = parser.parse_args(argv)
     args.ratios = [float(r) for r in args.ratios.split(",")]
@@ -203,7 +206,7 @@ def write_results(args, argv, models: list[dict], started: float) -> None:
         "seconds": round(time.perf_counter() - started, 1),
         "models": models,
         "summary": summary(models, args.ratios, args.batches),
-        "notes": NOTES,
+        "notes": NOTES + args.note,
     }
     out = Path(args.out)
     write_text(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
