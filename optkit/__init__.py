@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "OptkitError": "optkit.errors",
     "ModelLoadError": "optkit.errors",
+    "UntrustedPickleError": "optkit.errors",
     "PassError": "optkit.errors",
     "RecipeError": "optkit.errors",
     "ExportError": "optkit.errors",

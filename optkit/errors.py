@@ -17,6 +17,10 @@ class ModelLoadError(OptkitError):
     """A model spec or checkpoint could not be read, or is not trusted."""
 
 
+class UntrustedPickleError(ModelLoadError):
+    """A file needs full unpickling (which can run code), and it was not trusted."""
+
+
 class PassError(OptkitError):
     """A pass failed while running inside a pipeline.
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from optkit.errors import ModelLoadError
+from optkit.errors import ModelLoadError, UntrustedPickleError
 
 #: How much a zip checkpoint's members may expand beyond the file's own size.
 #: ``torch.save`` stores members uncompressed, so a real checkpoint never
@@ -178,7 +178,7 @@ def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
             return torch.load(p, map_location="cpu", weights_only=not trust)
     except Exception as e:
         if "Weights only load failed" in str(e):
-            raise ModelLoadError(f"{p} was refused: {TRUST_HINT}") from e
+            raise UntrustedPickleError(f"{p} was refused: {TRUST_HINT}") from e
         raise ModelLoadError(f"{p} is not a readable PyTorch checkpoint ({type(e).__name__}: {_short(e)})") from e
 
 

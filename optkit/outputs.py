@@ -48,10 +48,18 @@ class StagedOutputs:
     The staging folder's name holds the writer's process id. A run killed
     outright (SIGKILL, power loss) cannot clean up, so each new run first
     removes staging folders left by processes that no longer exist.
+
+    Args:
+        out_dir: the output folder.
+        superseded: names of files an earlier run may have left that this run
+            does not write (``model.onnx`` from an earlier ``--export``); they
+            are removed when the new files are published, so the folder never
+            mixes two runs' results.
     """
 
-    def __init__(self, out_dir: str | os.PathLike):
+    def __init__(self, out_dir: str | os.PathLike, superseded: Iterable[str] = ()):
         self.out_dir = Path(out_dir)
+        self.superseded = tuple(superseded)
         remove_stale_staging(self.out_dir)
         self.staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.out_dir))
 
@@ -61,7 +69,10 @@ class StagedOutputs:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:
-                for item in sorted(self.staging.iterdir()):
+                written = sorted(self.staging.iterdir())
+                for name in set(self.superseded) - {item.name for item in written}:
+                    (self.out_dir / name).unlink(missing_ok=True)
+                for item in written:
                     os.replace(item, self.out_dir / item.name)
         except OSError as e:
             raise _write_error(self.out_dir, e) from e

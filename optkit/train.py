@@ -31,8 +31,9 @@ from torch.utils.data import Dataset, DistributedSampler, Subset
 from optkit.data import make_loader
 
 from optkit._io import atomic_path
-from optkit.errors import TrainingError
+from optkit.errors import ModelLoadError, TrainingError, UntrustedPickleError
 from optkit.metrics import PRUNABLE_WEIGHT_TYPES
+from optkit.models import read_checkpoint
 
 CHECKPOINT_FORMAT = "optkit.train-checkpoint"
 # Settings a resumed run must share with the run that wrote the checkpoint, or it would not end in the same place.
@@ -471,9 +472,12 @@ class _Saver:
 def _load_checkpoint(config: TrainConfig, model, optimizer, scheduler, scaler, world: int) -> _RunState:
     path = config.checkpoint
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise TrainingError(f"cannot resume: {path} is not a readable checkpoint ({type(e).__name__}); remove it to start over") from e
+        payload = read_checkpoint(path)
+    except UntrustedPickleError as e:
+        raise TrainingError(f"cannot resume: {path} holds pickled Python objects, which an optkit training "
+                            "checkpoint never does, so it is not loaded; remove it to start over") from e
+    except ModelLoadError as e:
+        raise TrainingError(f"cannot resume: {e}; or remove it to start over") from e
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise TrainingError(f"cannot resume: {path} is not an optkit training checkpoint")
     wanted = {k: getattr(config, k) for k in _RESUME_KEYS} | {"world_size": world}

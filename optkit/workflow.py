@@ -18,6 +18,7 @@ from optkit.pipeline import Pipeline
 from optkit.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
+EXPORT_FILES = ("model.onnx", "model.onnx.data")
 EXPORT_FORMATS = ("onnx",)
 
 
@@ -84,7 +85,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     recipe_text = pipeline.to_toml()
     if not main:
         return build_report(run, model=loaded.source, input_shape=pipeline.input_shape)
-    with StagedOutputs(out) as staged:
+    with StagedOutputs(out, superseded=OUTPUT_FILES + EXPORT_FILES) as staged:
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
         files = {"model.pt": staged.path("model.pt").stat().st_size}

@@ -133,6 +133,16 @@ def test_existing_results_need_force(runner, tmp_path):
     assert _optimize(runner, *args, "--force").exit_code == 0
 
 
+def test_forced_rerun_removes_the_earlier_runs_onnx_file(runner, tmp_path):
+    args = ["torchvision:resnet18", "--prune", "0.3", *SMALL, "--out", str(tmp_path)]
+    assert _optimize(runner, *args, "--export", "onnx").exit_code == 0
+    assert (tmp_path / "model.onnx").is_file()
+    assert _optimize(runner, *args, "--force").exit_code == 0
+    assert not (tmp_path / "model.onnx").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["channels.png", "model.pt", "recipe.toml", "report.json",
+                                                          "report.md"]
+
+
 def test_nothing_to_do_and_conflicting_flags(runner, tmp_path):
     assert "nothing to do" in _one_line_error(runner.invoke(main, ["optimize", "torchvision:resnet18"]), code=2)
     (tmp_path / "r.toml").write_text('[[pass]]\nname = "l1_unstructured"\n')

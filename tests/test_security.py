@@ -240,6 +240,18 @@ def test_zip_bomb_like_checkpoint_is_not_inflated(tmp_path):
     assert result.exit_code == 1 and "re-save the model with torch.save" in _error_line(result)
 
 
+def test_zip_bomb_like_training_checkpoint_is_not_resumed(tmp_path):
+    """``--resume`` reads its checkpoint through the same guard as models."""
+    plain, out = tmp_path / "plain.pt", tmp_path / "out"
+    out.mkdir()
+    torch.save({"w": torch.zeros(16 << 20)}, plain)
+    _deflated_copy(plain, out / "finetune.ckpt")
+    result = _invoke(["finetune", "torchvision:resnet18", "--data", "synthetic:64", "--epochs", "1", "--batch-size", "8",
+                      "--input-shape", "1,3,32,32", "--resume", "--out", str(out)])
+    assert result.exit_code == 1
+    assert "cannot resume" in _error_line(result) and "would expand" in _error_line(result)
+
+
 def test_small_deflated_checkpoint_still_loads(tmp_path):
     """The expansion limit has slack: a small re-zipped checkpoint is not a bomb."""
     plain, small = tmp_path / "plain.pt", tmp_path / "small.pt"
