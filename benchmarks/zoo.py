@@ -32,9 +32,10 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATIO = 0.3
-MEMORY_CAP_BYTES = 10 * 1024**3
+MEMORY_CAP_GIB = 10.0
 PRUNE_TIMEOUT_S = 240.0
-PROCESS_TIMEOUT_S = 420.0
+# A worker also builds, measures and runs each model around its pruning.
+PROCESS_SLACK_S = 180.0
 COMPARE_REPEATS = 3
 COMPARE = "compare:resnet50"
 
@@ -45,7 +46,7 @@ def input_shape(name: str, size: int) -> tuple[int, int, int, int]:
     return (1, 3, 224, 224) if fixed else (1, 3, size, size)
 
 
-def run_model(name: str, size: int) -> dict:
+def run_model(name: str, size: int, time_limit: float) -> dict:
     """Prune one model and check it (runs inside the worker subprocess)."""
     import torch
 
@@ -58,7 +59,7 @@ def run_model(name: str, size: int) -> dict:
     model = load_model(f"torchvision:{name}")
     macs0, params0 = count_macs(model, shape), count_params(model)
     start = time.perf_counter()
-    result = StructuredPrune(ratio=RATIO, input_shape=shape, timeout_s=PRUNE_TIMEOUT_S).apply(model)
+    result = StructuredPrune(ratio=RATIO, input_shape=shape, timeout_s=time_limit).apply(model)
     seconds = time.perf_counter() - start
     macs1, params1 = count_macs(model, shape), count_params(model)
     model.train()
@@ -106,30 +107,33 @@ def compare_resnet50() -> dict:
             "optkit_over_direct": round(medians["optkit"] / medians["torch_pruning"], 3)}
 
 
-def worker(size: int, tasks: list[str]) -> None:
+def worker(args: argparse.Namespace) -> None:
     """Run tasks in order, printing one ``RESULT`` line each (runs inside the worker subprocess)."""
     import gc
 
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
-    for task in tasks:
+    cap = int(args.memory_cap_gib * 1024**3)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    for task in args.worker:
         try:
-            result = compare_resnet50() if task == COMPARE else run_model(task, size)
+            result = compare_resnet50() if task == COMPARE else run_model(task, args.size, args.time_limit)
         except Exception as e:  # one model's failure is a result, not the end of the run
             result = {"model": task, "status": "error", "error": f"{type(e).__name__}: {str(e)[:300]}"}
         print("RESULT " + json.dumps(result), flush=True)
         gc.collect()
 
 
-def run_all(tasks: list[str], on_result, size: int) -> list[dict]:
+def run_all(tasks: list[str], on_result, args: argparse.Namespace) -> list[dict]:
     """Run tasks in a worker subprocess, restarting it after a crash or a model that overruns its limit."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     results: list[dict] = []
     pending = list(tasks)
+    process_timeout = args.time_limit + PROCESS_SLACK_S
     while pending:
-        proc = subprocess.Popen([sys.executable, __file__, "--size", str(size), "--worker", *pending], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen([sys.executable, __file__, "--size", str(args.size), "--time-limit", str(args.time_limit),
+                                 "--memory-cap-gib", str(args.memory_cap_gib), "--worker", *pending],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         os.set_blocking(proc.stdout.fileno(), False)
-        deadline, buffer = time.monotonic() + PROCESS_TIMEOUT_S, ""
+        deadline, buffer = time.monotonic() + process_timeout, ""
         while pending:
             ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
             chunk = proc.stdout.read() if ready else None
@@ -141,13 +145,13 @@ def run_all(tasks: list[str], on_result, size: int) -> list[dict]:
                         results.append(json.loads(line[len("RESULT "):]))
                         on_result(results[-1])
                         pending.pop(0)
-                        deadline = time.monotonic() + PROCESS_TIMEOUT_S
+                        deadline = time.monotonic() + process_timeout
                 continue
             if ready and proc.poll() is None:
                 continue
             proc.kill()
             stderr = proc.communicate()[1]
-            why = (f"no result within {PROCESS_TIMEOUT_S:g} s" if proc.returncode == -9 and not ready
+            why = (f"no result within {process_timeout:g} s" if proc.returncode == -9 and not ready
                    else (stderr.strip().splitlines() or [f"worker exited with code {proc.returncode}"])[-1][:300])
             results.append({"model": pending.pop(0), "status": "error", "error": why})
             on_result(results[-1])
@@ -172,8 +176,8 @@ def markdown(data: dict) -> str:
         f"Machine: {data['machine']}; torch {data['torch']}, torchvision {data['torchvision']}, "
         f"torch-pruning {data['torch_pruning']}. Random-init weights, ratio {RATIO}, round_to 8, L1 importance, "
         f"input {data['size']}x{data['size']} (ViT and MaxViT: 224x224, fixed by the models); MACs counted at that input. "
-        "Models run in worker subprocesses (10 GiB address-space cap, per-model time limits) that are restarted "
-        "after a crash or an overrun.",
+        f"Models run in worker subprocesses ({data['memory_cap_gib']:g} GiB address-space cap, a "
+        f"{data['time_limit_s']:g} s pruning time limit per model) that are restarted after a crash or an overrun.",
         "",
         f"**{len(passing)} of {len(rows) + len(pending)}** models prune, run forward and backward with the output shape "
         "unchanged, and reach a MACs ratio of at most 0.75.",
@@ -217,10 +221,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", help="only these models (default: all classification models)")
     parser.add_argument("--size", type=int, default=224, help="input height and width (ViT and MaxViT always use 224)")
     parser.add_argument("--parallel", type=int, default=1, help="worker subprocesses running models at once")
+    parser.add_argument("--time-limit", type=float, default=PRUNE_TIMEOUT_S, help="seconds each model may spend pruning")
+    parser.add_argument("--memory-cap-gib", type=float, default=MEMORY_CAP_GIB,
+                        help="address-space cap of each worker subprocess")
     parser.add_argument("--note", default="", help="a remark on the run conditions, written into zoo.md")
     args = parser.parse_args()
     if args.worker:
-        worker(args.size, args.worker)
+        worker(args)
         return
 
     import torch
@@ -235,7 +242,8 @@ def main() -> None:
     data = {
         "command": command, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "torch": torch.__version__, "torchvision": torchvision.__version__, "torch_pruning": torch_pruning.__version__,
-        "note": args.note, "ratio": RATIO, "size": args.size, "resnet50_compare": {}, "models": [], "pending": list(names),
+        "note": args.note, "ratio": RATIO, "size": args.size, "time_limit_s": args.time_limit,
+        "memory_cap_gib": args.memory_cap_gib, "resnet50_compare": {}, "models": [], "pending": list(names),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
 
@@ -245,7 +253,7 @@ def main() -> None:
         write_text(RESULTS / "zoo.md", markdown(data))
 
     # The timing comparison runs first, before the run heats up or is cut short.
-    data["resnet50_compare"] = run_all([COMPARE], lambda row: None, args.size)[0]
+    data["resnet50_compare"] = run_all([COMPARE], lambda row: None, args)[0]
     print(f"resnet50 optkit/direct: {data['resnet50_compare'].get('optkit_over_direct')}", flush=True)
 
     lock = threading.Lock()
@@ -261,7 +269,7 @@ def main() -> None:
         print(f"[{len(data['models'])}/{len(names)}] {row['model']}: {summary}", flush=True)
 
     shares = [names[i::args.parallel] for i in range(args.parallel)]
-    threads = [threading.Thread(target=run_all, args=(share, report, args.size)) for share in shares]
+    threads = [threading.Thread(target=run_all, args=(share, report, args)) for share in shares]
     for thread in threads:
         thread.start()
     for thread in threads:
