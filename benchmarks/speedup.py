@@ -57,9 +57,9 @@ NOTES = [
     "zero and its export check is trivial there (latency does not depend on the weights' values).",
     "Both the unpruned and pruned models go through the same export (BatchNorm folded, TorchScript exporter "
     "unless it fails) and the same ONNX Runtime settings.",
-    "The 1-minute load average at the start and end of each model is in the last column; above about 1.2 "
-    "something else was running and absolute milliseconds are inflated (interleaved timing keeps the "
-    "before/after ratio fair).",
+    "The 1-minute load average at the start and end of each model is in the last column. The benchmark's own "
+    "threads add about 1 each; more than that means something else was running and absolute milliseconds are "
+    "inflated (interleaved timing keeps the before/after ratio fair).",
 ]
 
 
