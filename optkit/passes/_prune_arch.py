@@ -10,7 +10,10 @@ torchvision families need help, collected here so the pass itself stays generic:
 * channel shuffle (ShuffleNetV2): a channel permutation torch-pruning cannot
   map, so each shuffle block is traced as a unit that keeps its output width
   (a downsampling block's input may shrink), and its ``branch2`` (whose inner
-  channels do not cross a shuffle) is pruned on its own.
+  channels do not cross a shuffle) is pruned on its own;
+* grouped convolutions torch-pruning 1.6.1 breaks on (a depthwise conv with a
+  channel multiplier, one output channel per group, a grouped conv fed by a
+  concatenation): held at full width, with the layers that feed them.
 """
 
 from __future__ import annotations
@@ -85,3 +88,38 @@ def arch_support(model: nn.Module) -> ArchSupport:
             support.fixed[name] = SHUFFLE_REASON
             support.subgraphs.append(f"{name}.branch2")
     return support
+
+
+def unprunable_grouped_convs(graph: Any) -> dict[Any, str]:
+    """Grouped convolutions torch-pruning 1.6.1 cannot prune, each with the reason.
+
+    It crashes on, or leaves mismatched widths around, a depthwise conv with a
+    channel multiplier (``groups == in_channels != out_channels``), a grouped
+    conv with one output channel per group (``groups == out_channels != in_channels``)
+    and a grouped conv whose input channels come from a concatenation.
+
+    Args:
+        graph: the torch-pruning dependency graph of the model.
+    """
+    import torch_pruning as tp
+    from torch import nn
+
+    found: dict[Any, str] = {}
+    for module in graph.module2node:
+        if not isinstance(module, nn.modules.conv._ConvNd) or module.groups == 1:
+            continue
+        groups, cin, cout = module.groups, module.in_channels, module.out_channels
+        if groups == cin and cout != cin:
+            found[module] = f"a depthwise conv with a channel multiplier ({cin} -> {cout}), which torch-pruning cannot prune"
+        elif groups == cout and cin != cout:
+            found[module] = f"a grouped conv with one output channel per group ({groups} groups), which torch-pruning cannot prune"
+        elif groups < cin and any(node.type == tp.ops.OPTYPE.CONCAT
+                                  for dep, _ in input_group(graph, module) for node in (dep.source, dep.target)):
+            found[module] = "a grouped conv fed by a concatenation, which torch-pruning cannot prune"
+    return found
+
+
+def input_group(graph: Any, module: nn.Module) -> Any:
+    """The torch-pruning group that removing ``module``'s input channels would prune."""
+    pruner = graph.get_pruner_of_module(module)
+    return graph.get_pruning_group(module, pruner.prune_in_channels, list(range(pruner.get_in_channels(module))))

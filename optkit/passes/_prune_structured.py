@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from optkit.passes._prune_arch import ArchSupport, arch_support
+from optkit.passes._prune_arch import ArchSupport, arch_support, input_group, unprunable_grouped_convs
 
 if TYPE_CHECKING:
     from torch import nn
@@ -135,8 +135,19 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
     reason = SUBMODULE_OUTPUT_REASON.format(submodule) if submodule else OUTPUT_REASON
     for module in output_layers(pruner.DG, {t.grad_fn for t in outputs}):
         held.setdefault(module, reason)
+    hold_unprunable_grouped_convs(pruner.DG, held)
     pruner.ignored_layers = list(dict.fromkeys(pruner.ignored_layers + [m for h in held for m in h.modules()]))
     return Plan(pruner, root, held, support)
+
+
+def hold_unprunable_grouped_convs(graph: Any, held: dict[Any, str]) -> None:
+    """Hold the grouped convs torch-pruning cannot prune, and the layers whose outputs feed them."""
+    for conv, reason in unprunable_grouped_convs(graph).items():
+        held.setdefault(conv, f"it is {reason}")
+        name = graph._module2name.get(conv, type(conv).__name__)
+        for dep, _ in input_group(graph, conv):
+            if dep.target.module is not conv and graph.is_out_channel_pruning_fn(dep.handler):
+                held.setdefault(dep.target.module, f"its outputs feed {name}, {reason}")
 
 
 def run_plan(plan: Plan, before_step: Callable[[], None] | None = None) -> set:
