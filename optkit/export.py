@@ -453,6 +453,11 @@ def _result(target: Path, exporter: str, attempts: dict[str, str], opset: int, d
         notes.append(f"exported with {exporter} after " + "; ".join(f"{k} was not kept ({v})" for k, v in attempts.items()))
     if sparsity >= 0.01:
         notes.append(SPARSITY_NOTE.format(pct=sparsity, gz=compressed, raw=file_size))
+    if all(check.max_abs_ref <= check.tolerance for check in checks):
+        largest = max(check.max_abs_ref for check in checks)
+        notes.append(f"PyTorch's outputs were all within the tolerance of zero (max |output| {largest:.3g}), so "
+                     "the check could not tell a wrong export from a right one: verify again with trained weights "
+                     "(torchvision zero-initializes some classifier heads, e.g. ViT's)")
     return ExportResult(str(target), exporter, attempts, opset, dynamic_batch, fp16, simplify, is_external, checks,
                         file_size, compressed, sparsity, batchnorms, round(seconds, 3), notes)
 

@@ -252,6 +252,17 @@ def test_unstructured_sparsity_shrinks_only_the_compressed_size(tmp_path):
     assert sizes_after["weights_gzip"] < 0.8 * sizes_before["weights_gzip"]
 
 
+def test_all_zero_outputs_are_flagged_as_a_weak_check(tmp_path):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4))
+    nn.init.zeros_(model[1].weight)
+    nn.init.zeros_(model[1].bias)
+    result = export_onnx(model, tmp_path / "m.onnx", (1, 3, 8, 8))
+    assert any("within the tolerance of zero" in note for note in result.notes)
+    model[1].bias.data.fill_(1.0)
+    result = export_onnx(model, tmp_path / "m.onnx", (1, 3, 8, 8))
+    assert not any("within the tolerance of zero" in note for note in result.notes)
+
+
 def test_gzip_size_is_what_gzip_writes(tmp_path):
     import gzip
 
