@@ -47,7 +47,7 @@ data:
 	@if [ -f $(FMNIST_FILE) ]; then echo "Fashion-MNIST: $(FMNIST_DIR)"; fi
 
 demo: setup
-	$(BIN)/optkit optimize torchvision:resnet18 --prune 0.3 --out runs/demo --force
+	$(BIN)/optkit optimize torchvision:resnet18 --prune 0.3 --export onnx --out runs/demo --force
 
 test: dev data
 	$(BIN)/python -m pytest

@@ -29,7 +29,7 @@ def export_command(model: str, onnx_path: str, input_shape, opset, fp16, static_
                    num_classes, arch, trust, force) -> None:
     """Export MODEL (torchvision:NAME or a checkpoint file) to ONNX, verified against PyTorch.
 
-    Example: optkit export runs/demo/model.pt --onnx runs/demo/model.onnx
+    Example: optkit export runs/demo/model.pt --onnx runs/demo/model-fp16.onnx --fp16
     """
     from optkit import models, workflow
     from optkit.errors import OptkitError
