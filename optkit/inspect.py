@@ -168,10 +168,9 @@ def _last_layer(model: nn.Module, input_shape: Sequence[int]) -> list[str]:
 
 
 def _layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[dict[int, int], int]:
-    """MACs per module (keyed by ``id``) and in total, from torch-pruning's op counter.
+    """MACs per sample, per module (keyed by ``id``) and in total, from torch-pruning's op counter.
 
-    The counter reports raw counts summed over the batch and a per-sample
-    total; per-module counts are divided by the batch the same way.
+    Counted at batch size 1, like :func:`optkit.metrics.count_macs`.
     """
     import torch
     import torch_pruning as tp
@@ -179,15 +178,14 @@ def _layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[dict[in
     from optkit.errors import OptkitError
     from optkit.metrics import eval_mode, example_input
 
-    inputs = example_input(model, input_shape)
+    inputs = example_input(model, (1, *input_shape[1:]))
     try:
         with eval_mode(model), torch.no_grad():
             total, _, per_module, _ = tp.utils.count_ops_and_params(model, inputs, layer_wise=True)
     except Exception as e:
         shape = ",".join(map(str, input_shape))
         raise OptkitError(f"the model does not run on input shape {shape} ({e}); set --input-shape to what it expects") from e
-    batch = input_shape[0]
-    return {id(m): int(v or 0) // batch for m, v in per_module.items()}, int(total)
+    return {id(m): int(v or 0) for m, v in per_module.items()}, int(total)
 
 
 def _rows(model: nn.Module, layer_macs: dict[int, int]) -> list[LayerInfo]:

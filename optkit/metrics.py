@@ -80,12 +80,17 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def count_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """MACs of one forward pass, counted by torch-pruning's op counter on a copy in eval mode."""
+    """MACs per sample: one forward pass at batch size 1, whatever the batch in ``input_shape``.
+
+    Counted by torch-pruning's op counter in eval mode (which scales some ops
+    by the batch and others not, so a larger batch gives neither the per-sample
+    nor the whole-batch count).
+    """
     import torch_pruning as tp
 
     # The counter puts the model in eval mode itself; eval_mode restores the caller's mode.
     with eval_mode(model), torch.no_grad():
-        macs, _ = tp.utils.count_ops_and_params(model, example_input(model, input_shape))
+        macs, _ = tp.utils.count_ops_and_params(model, example_input(model, (1, *input_shape[1:])))
     return int(macs)
 
 

@@ -55,7 +55,7 @@ def test_rows_cover_direct_parameters_and_attention():
     assert "attn.out_proj" not in rows  # counted inside the attention row
     assert (rows["stem"].in_channels, rows["stem"].out_channels) == (3, 16)
     assert inspection.params == metrics.count_params(model)
-    assert inspection.macs == metrics.count_macs(model, (2, 3, 32, 32))
+    assert inspection.macs == metrics.count_macs(model, (2, 3, 32, 32)) == metrics.count_macs(model, (1, 3, 32, 32))
     assert sum(layer.macs for layer in inspection.layers) == inspection.macs
 
 
