@@ -71,8 +71,9 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     # Under torchrun every rank runs the pipeline (pruning identically, then training
     # together); only rank 0 writes.
     main = is_main_process()
-    produced = OUTPUT_FILES + (("model.onnx",) if export else ())
-    out = prepare_output_dir(out_dir, produced, force=force) if main else None
+    # Every file a run may write needs --force to replace: one this run does not
+    # write is removed when its results are published (see StagedOutputs).
+    out = prepare_output_dir(out_dir, OUTPUT_FILES + EXPORT_FILES, force=force) if main else None
     check_runs(loaded, pipeline.input_shape)
     # Measured now: the passes change the model in place.
     weights_before = weights_sizes(loaded.model) if export and main else None

@@ -143,6 +143,13 @@ def test_forced_rerun_removes_the_earlier_runs_onnx_file(runner, tmp_path):
                                                           "report.md"]
 
 
+def test_an_onnx_file_already_in_the_folder_needs_force(runner, tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"kept")
+    result = runner.invoke(main, ["optimize", "torchvision:resnet18", "--prune", "0.3", *SMALL, "--out", str(tmp_path)])
+    assert "model.onnx" in _one_line_error(result) and "--force" in _one_line_error(result)
+    assert (tmp_path / "model.onnx").read_bytes() == b"kept"
+
+
 def test_nothing_to_do_and_conflicting_flags(runner, tmp_path):
     assert "nothing to do" in _one_line_error(runner.invoke(main, ["optimize", "torchvision:resnet18"]), code=2)
     (tmp_path / "r.toml").write_text('[[pass]]\nname = "l1_unstructured"\n')
