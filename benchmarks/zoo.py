@@ -247,7 +247,6 @@ def main() -> None:
     import torch_pruning
     import torchvision
 
-    from optkit._io import write_text
 
     names = args.models or sorted(torchvision.models.list_models(module=torchvision.models), key=_cost)
     started = time.perf_counter()
@@ -262,8 +261,7 @@ def main() -> None:
 
     def save() -> None:
         data["total_seconds"] = round(time.perf_counter() - started, 1)
-        write_text(RESULTS / "zoo.json", json.dumps(data, indent=1) + "\n")
-        write_text(RESULTS / "zoo.md", markdown(data))
+        write_results(data)
 
     # The timing comparison runs first, before the run heats up or is cut short.
     data["resnet50_compare"] = run_all([COMPARE], lambda row: None, args)[0]
@@ -292,12 +290,17 @@ def main() -> None:
 
 def rerun_comparison(args: argparse.Namespace) -> None:
     """Replace the resnet50 comparison in an existing zoo.json (a quiet rerun of the timing alone)."""
-    from optkit._io import write_text
-
     data = json.loads((RESULTS / "zoo.json").read_text())
     data["resnet50_compare"] = run_all([COMPARE], lambda row: None, args)[0]
     data["resnet50_compare"]["command"] = "python " + " ".join(["benchmarks/zoo.py", *sys.argv[1:]])
     print(f"resnet50 optkit/direct: {data['resnet50_compare'].get('optkit_over_direct')}", flush=True)
+    write_results(data)
+
+
+def write_results(data: dict) -> None:
+    """Write zoo.json and zoo.md (atomically, so an interrupted run keeps the last complete pair)."""
+    from optkit._io import write_text
+
     write_text(RESULTS / "zoo.json", json.dumps(data, indent=1) + "\n")
     write_text(RESULTS / "zoo.md", markdown(data))
 

@@ -310,9 +310,10 @@ def _pruner_class():
         group but rounds that count as if it were the whole layer's, so each
         group loses a multiple of ``round_to`` channels: ViT-B's head size can
         only go 64 -> 56 -> 48, and a grouped conv with 4 channels per group
-        is left unpruned (the rounded count exceeds a group). Here the per-group count is rounded so that the layer's
-        total width is a multiple of ``round_to`` (each group keeps a multiple
-        of ``round_to / gcd(round_to, g)``), and at least one step is kept.
+        is left unpruned (the rounded count exceeds a group). Here the
+        per-group count is rounded so that the layer's total width is a
+        multiple of ``round_to`` (each group keeps a multiple of
+        ``round_to / gcd(round_to, g)``), and at least one step is kept.
         """
 
         def __init__(self, *args, **kwargs):
