@@ -247,7 +247,6 @@ def main() -> None:
     import torch_pruning
     import torchvision
 
-
     names = args.models or sorted(torchvision.models.list_models(module=torchvision.models), key=_cost)
     started = time.perf_counter()
     command = "python " + " ".join(["benchmarks/zoo.py", *sys.argv[1:]])
