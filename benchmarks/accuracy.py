@@ -35,13 +35,15 @@ from torch.utils.data import Dataset, Subset
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from optkit import checkpoint, models  # noqa: E402
-from optkit._io import atomic_path, write_text  # noqa: E402
-from optkit.data import load_dataset  # noqa: E402
-from optkit.metrics import measure  # noqa: E402
-from optkit.passes.batchnorm import RecalibrateBatchNorm  # noqa: E402
-from optkit.passes.prune import L1Unstructured, StructuredPrune  # noqa: E402
-from optkit.train import TrainConfig, evaluate, fit  # noqa: E402
+from optkit.io import checkpoint  # noqa: E402
+
+from optkit.io import models  # noqa: E402
+from optkit.io.files import atomic_path, write_text  # noqa: E402
+from optkit.data.datasets import load_dataset  # noqa: E402
+from optkit.analysis.metrics import measure  # noqa: E402
+from optkit.passes.batchnorm.passes import RecalibrateBatchNorm  # noqa: E402
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune  # noqa: E402
+from optkit.passes.finetune.loop import TrainConfig, evaluate, fit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BASELINE = RESULTS / "fashion_resnet.pt"
@@ -216,7 +218,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("optkit.data").setLevel(logging.WARNING)
+    logging.getLogger("optkit.data.datasets").setLevel(logging.WARNING)
 
     started = time.perf_counter()
     splits = load_splits(args.train_size, args.test_size)

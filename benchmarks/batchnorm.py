@@ -38,11 +38,11 @@ import torch
 import torchvision
 from torch import nn
 
-from optkit._io import write_text
-from optkit.data import load_dataset, make_loader
-from optkit.metrics import count_params, time_callable
-from optkit.passes.batchnorm import fold_batchnorm, insert_batchnorm, recalibrate_batchnorm
-from optkit.passes.prune import StructuredPrune
+from optkit.io.files import write_text
+from optkit.data.datasets import load_dataset, make_loader
+from optkit.analysis.metrics import count_params, time_callable
+from optkit.passes.batchnorm.passes import fold_batchnorm, insert_batchnorm, recalibrate_batchnorm
+from optkit.passes.prune.passes import StructuredPrune
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FOLD_MODELS = ("resnet18", "resnet50", "mobilenet_v2")

@@ -21,10 +21,10 @@ SHAPE = (1, 3, 224, 224)
 
 
 def main() -> None:
-    from optkit._io import write_text
-    from optkit.metrics import count_macs
-    from optkit.models import load_model
-    from optkit.passes.prune import StructuredPrune
+    from optkit.io.files import write_text
+    from optkit.analysis.metrics import count_macs
+    from optkit.io.models import load_model
+    from optkit.passes.prune.passes import StructuredPrune
 
     rows = []
     for name in sys.argv[1:] or MODELS:

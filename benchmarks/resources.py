@@ -39,9 +39,9 @@ def worker(name: str, ratio: float, export: bool, repeats: int) -> dict:
 
     import torch
 
-    from optkit.metrics import count_params
-    from optkit.models import load_model
-    from optkit.passes.prune import StructuredPrune
+    from optkit.analysis.metrics import count_params
+    from optkit.io.models import load_model
+    from optkit.passes.prune.passes import StructuredPrune
 
     def peak_mib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -66,7 +66,7 @@ def worker(name: str, ratio: float, export: bool, repeats: int) -> dict:
     row["params_after"] = count_params(model)
     row["load_average_1min"] = round(os.getloadavg()[0], 2)
     if export:
-        from optkit import export as export_module
+        from optkit.export import onnx as export_module
 
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
@@ -79,7 +79,7 @@ def worker(name: str, ratio: float, export: bool, repeats: int) -> dict:
 def _has_export() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("optkit.export") is not None
+    return importlib.util.find_spec("optkit.export.onnx") is not None
 
 
 def run_all(models: tuple[str, ...], ratio: float, export: bool, repeats: int) -> list[dict]:

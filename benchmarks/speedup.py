@@ -6,7 +6,7 @@ runs after warm-up, fixed thread count, sequential execution), the measured
 speedup, and its efficiency = measured speedup / (1 / MACs ratio), i.e. the
 fraction of the MACs-ideal speedup that the CPU delivers.
 
-Every model file is written by ``optkit.export.export_onnx``, so each one is
+Every model file is written by ``optkit.export.onnx.export_onnx``, so each one is
 verified against PyTorch before it is timed. The unpruned and pruned sessions
 of a model are timed interleaved (one run of each in turn), so a change in
 machine load while the benchmark runs slows all of them alike instead of
@@ -37,10 +37,10 @@ import onnxruntime as ort
 import torch
 import torchvision
 
-from optkit._io import write_text
-from optkit.export import export_onnx
-from optkit.metrics import count_macs
-from optkit.passes.prune import StructuredPrune
+from optkit.io.files import write_text
+from optkit.export.onnx import export_onnx
+from optkit.analysis.metrics import count_macs
+from optkit.passes.prune.passes import StructuredPrune
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16")
 RATIOS = (0.3, 0.5)

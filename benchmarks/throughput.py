@@ -44,9 +44,11 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _smallnet import SmallResNet18  # noqa: E402
 
-from optkit import amp, data  # noqa: E402
-from optkit._io import write_text  # noqa: E402
-from optkit.passes.precision import Autocast  # noqa: E402
+from optkit.passes.precision import autocast as amp  # noqa: E402
+
+from optkit.data import datasets as data  # noqa: E402
+from optkit.io.files import write_text  # noqa: E402
+from optkit.passes.precision.passes import Autocast  # noqa: E402
 
 Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
 

@@ -50,9 +50,9 @@ def run_model(name: str, size: int, time_limit: float) -> dict:
     """Prune one model and check it (runs inside the worker subprocess)."""
     import torch
 
-    from optkit.metrics import count_macs, count_params
-    from optkit.models import load_model
-    from optkit.passes.prune import StructuredPrune
+    from optkit.analysis.metrics import count_macs, count_params
+    from optkit.io.models import load_model
+    from optkit.passes.prune.passes import StructuredPrune
 
     torch.manual_seed(0)
     shape = input_shape(name, size)
@@ -82,7 +82,7 @@ def compare_resnet50() -> dict:
     import torch_pruning as tp
     import torchvision
 
-    from optkit.passes.prune import StructuredPrune
+    from optkit.passes.prune.passes import StructuredPrune
 
     shape = (1, 3, 224, 224)
 
@@ -298,7 +298,7 @@ def rerun_comparison(args: argparse.Namespace) -> None:
 
 def write_results(data: dict) -> None:
     """Write zoo.json and zoo.md (atomically, so an interrupted run keeps the last complete pair)."""
-    from optkit._io import write_text
+    from optkit.io.files import write_text
 
     write_text(RESULTS / "zoo.json", json.dumps(data, indent=1) + "\n")
     write_text(RESULTS / "zoo.md", markdown(data))

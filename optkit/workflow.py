@@ -8,14 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optkit import checkpoint
-from optkit.errors import OptkitError
-from optkit.export import export_onnx, weights_sizes
-from optkit.inspect import layer_channels
-from optkit.models import LoadedModel
-from optkit.outputs import StagedOutputs, prepare_output_dir
-from optkit.pipeline import Pipeline
-from optkit.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
+from optkit.io import checkpoint
+from optkit.core.errors import OptkitError
+from optkit.export.onnx import export_onnx, weights_sizes
+from optkit.analysis.model_info import layer_channels
+from optkit.io.models import LoadedModel
+from optkit.io.outputs import StagedOutputs, prepare_output_dir
+from optkit.core.pipeline import Pipeline
+from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
 EXPORT_FILES = ("model.onnx", "model.onnx.data")
@@ -30,7 +30,7 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
     """
     import torch
 
-    from optkit.metrics import eval_mode, example_input
+    from optkit.analysis.metrics import eval_mode, example_input
 
     model = loaded.model
     try:
@@ -51,7 +51,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     All files appear together at the end, or none do (a failure leaves
     ``out_dir`` as it was). In a distributed run only rank 0 writes. With
     ``export="onnx"``, a verified ``model.onnx`` is written too (see
-    :func:`optkit.export.export_onnx`) and the report gets an ``export``
+    :func:`optkit.export.onnx.export_onnx`) and the report gets an ``export``
     section with the compressed size of the weights before and after. With
     ``latency``, the model is timed before and after the passes (PyTorch
     eager, where it lives) for the report.
@@ -64,7 +64,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
             at the pipeline's input shape, or a failing pass (``PassError``).
         ExportError: when the exported model does not verify (nothing is written).
     """
-    from optkit.train import is_main_process
+    from optkit.passes.finetune.loop import is_main_process
 
     if export is not None and export not in EXPORT_FORMATS:
         raise OptkitError(f"unknown export format {export!r}; choose from {', '.join(EXPORT_FORMATS)}")
@@ -110,8 +110,8 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
 
 def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
     """Eager PyTorch latency of one call at ``input_shape``, on the model's own device, for the report."""
-    from optkit.bench import bench_torch
-    from optkit.metrics import model_device
+    from optkit.analysis.latency import bench_torch
+    from optkit.analysis.metrics import model_device
 
     (result,) = bench_torch(model, input_shape, device=str(model_device(model)), warmup=3, repeats=20)
     return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}

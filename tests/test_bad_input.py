@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from optkit.cli import main
-from optkit.passes._registry import get_pass, list_passes
+from optkit.core.registry import get_pass, list_passes
 
 SMALL = ["--input-shape", "1,3,32,32"]
 PRODUCED = ("channels.png", "model.pt", "recipe.toml", "report.json", "report.md")

@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from optkit import bench
+from optkit.analysis import latency as bench
 from optkit.cli import main
-from optkit.errors import OptkitError
+from optkit.core.errors import OptkitError
 
 
 def tiny() -> nn.Module:
@@ -149,18 +149,18 @@ def test_torch_model_in_onnxruntime_needs_the_exporter(monkeypatch):
     real_import = builtins.__import__
 
     def no_export(name, *args, **kwargs):
-        if name == "optkit.export":
-            raise ImportError("no module named optkit.export")
+        if name == "optkit.export.onnx":
+            raise ImportError("no module named optkit.export.onnx")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.delitem(sys.modules, "optkit.export", raising=False)
+    monkeypatch.delitem(sys.modules, "optkit.export.onnx", raising=False)
     monkeypatch.setattr(builtins, "__import__", no_export)
-    with pytest.raises(OptkitError, match="needs optkit.export"):
+    with pytest.raises(OptkitError, match="needs optkit.export.onnx"):
         bench.bench_exported(tiny(), (1, 3, 16, 16), repeats=1)
 
 
 def test_torch_model_in_both_engines():
-    pytest.importorskip("optkit.export", reason="timing a model in ONNX Runtime uses optkit.export")
+    pytest.importorskip("optkit.export.onnx", reason="timing a model in ONNX Runtime uses optkit.export.onnx")
     result = CliRunner().invoke(main, ["bench", "torchvision:squeezenet1_1", "--num-classes", "10", "--input-shape",
                                        "1,3,32,32", "--engine", "torch", "--engine", "onnxruntime", "--batch-size", "1",
                                        "--batch-size", "2", "--repeats", "2", "--warmup", "0", "--json"])

@@ -3,10 +3,10 @@ import torch
 import torchvision
 from torch import nn
 
-from optkit import checkpoint
-from optkit.errors import ModelLoadError
-from optkit.models import ArchSpec, load
-from optkit.passes.prune import StructuredPrune
+from optkit.io import checkpoint
+from optkit.core.errors import ModelLoadError
+from optkit.io.models import ArchSpec, load
+from optkit.passes.prune.passes import StructuredPrune
 
 
 def _pruned(name, shape=(1, 3, 64, 64)):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from optkit import data
-from optkit.errors import DataError
+from optkit.data import datasets as data
+from optkit.core.errors import DataError
 
 FMNIST = Path(data.FASHION_MNIST_DIR)
 requires_fmnist = pytest.mark.skipif(not (FMNIST / "train-images-idx3-ubyte.gz").exists(),

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from optkit.train import TrainConfig, fit
+from optkit.passes.finetune.loop import TrainConfig, fit
 
 ROOT = Path(__file__).resolve().parent.parent
 

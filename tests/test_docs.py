@@ -126,7 +126,7 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
             for command in commands(block.body):
                 run_command(command, where)
         elif block.lang == "toml" and "[[pass]]" in block.body:
-            from optkit.pipeline import Pipeline
+            from optkit.core.pipeline import Pipeline
 
             Pipeline.from_toml(block.body, source=where)
 

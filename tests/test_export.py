@@ -1,4 +1,4 @@
-"""optkit.export: every export is verified, a mismatch raises and leaves no file."""
+"""optkit.export.onnx: every export is verified, a mismatch raises and leaves no file."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from click.testing import CliRunner
 from torch import nn
 from torch.nn.utils import prune
 
-from optkit import checkpoint, export
+from optkit.io import checkpoint
+
+from optkit.export import onnx as export
 from optkit.cli import main
-from optkit.errors import ExportError
-from optkit.export import export_onnx, prepare_for_export
-from optkit.models import torchvision_names
-from optkit.passes.prune import L1Unstructured, StructuredPrune
+from optkit.core.errors import ExportError
+from optkit.export.onnx import export_onnx, prepare_for_export
+from optkit.io.models import torchvision_names
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune
 
 SMALL = (1, 3, 64, 64)
 
@@ -393,7 +395,7 @@ def test_cli_export_writes_a_verified_file(tmp_path):
 
 
 def test_cli_exports_a_slimmed_checkpoint(tmp_path):
-    from optkit.models import arch_spec
+    from optkit.io.models import arch_spec
 
     torch.manual_seed(0)
     model = torchvision.models.mobilenet_v2(num_classes=10)

@@ -9,9 +9,11 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from optkit import metrics, models
+from optkit.analysis import metrics
+
+from optkit.io import models
 from optkit.cli import main
-from optkit.inspect import format_table, inspect_model, layer_channels, skipped_layers
+from optkit.analysis.model_info import format_table, inspect_model, layer_channels, skipped_layers
 
 SHAPE = (1, 3, 64, 64)
 
@@ -74,7 +76,7 @@ def test_per_layer_sparsity_and_channels():
 
 
 def test_skipped_layers_without_a_dry_run_names_classifier_and_attention(monkeypatch):
-    from optkit.passes import prune
+    from optkit.passes.prune import passes as prune
 
     monkeypatch.delattr(prune, "skipped_layers", raising=False)
     skipped = skipped_layers(TokenNet(), (1, 3, 32, 32))
@@ -83,7 +85,7 @@ def test_skipped_layers_without_a_dry_run_names_classifier_and_attention(monkeyp
 
 
 def test_skipped_layers_come_from_the_prune_dry_run(monkeypatch):
-    from optkit.passes import prune
+    from optkit.passes.prune import passes as prune
 
     calls = []
 
@@ -98,7 +100,7 @@ def test_skipped_layers_come_from_the_prune_dry_run(monkeypatch):
 
 
 def test_a_model_the_pruner_cannot_trace_is_reported(monkeypatch, runner):
-    from optkit.passes import prune
+    from optkit.passes.prune import passes as prune
 
     def dry_run(model, input_shape):
         raise ZeroDivisionError("integer division or modulo by zero")

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from optkit.models import load
-from optkit.outputs import STAGING_PREFIX, remove_stale_staging
+from optkit.io.models import load
+from optkit.io.outputs import STAGING_PREFIX, remove_stale_staging
 from optkit.workflow import OUTPUT_FILES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torchvision
 
-from optkit.errors import ModelLoadError
-from optkit.models import load, load_model, read_checkpoint
+from optkit.core.errors import ModelLoadError
+from optkit.io.models import load, load_model, read_checkpoint
 
 
 class Detonator:

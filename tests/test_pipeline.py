@@ -4,10 +4,10 @@ import pytest
 import torch
 import torchvision
 
-from optkit.errors import PassError
-from optkit.passes.base import Pass, PassResult
-from optkit.passes.prune import L1Unstructured, StructuredPrune
-from optkit.pipeline import Pipeline
+from optkit.core.errors import PassError
+from optkit.core.contract import Pass, PassResult
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune
+from optkit.core.pipeline import Pipeline
 
 
 @dataclass(frozen=True)

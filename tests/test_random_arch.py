@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from optkit import checkpoint
-from optkit.metrics import count_params, prunable_weights
-from optkit.models import ArchSpec, load
-from optkit.passes._registry import get_pass, list_passes
-from optkit.passes.prune import L1Unstructured, StructuredPrune
+from optkit.io import checkpoint
+from optkit.analysis.metrics import count_params, prunable_weights
+from optkit.io.models import ArchSpec, load
+from optkit.core.registry import get_pass, list_passes
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune
 
 INPUT_SHAPE = (2, 3, 16, 16)
 BOUNDED = settings(max_examples=15, deadline=None, derandomize=True, database=None,
@@ -256,7 +256,7 @@ def test_batchnorm_insert_and_fold_preserve_the_function(tmp_path, spec):
 @settings(BOUNDED, max_examples=8)
 @given(spec=net_specs(), prune=st.booleans())
 def test_onnx_export_verifies(tmp_path, spec, prune):
-    from optkit import export
+    from optkit.export import onnx as export
 
     model, _ = build(spec)
     if prune:

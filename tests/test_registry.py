@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from optkit.passes import describe_passes, get_pass, list_passes
-from optkit.passes.base import Pass
+from optkit.core.contract import Pass
 
 
 def test_every_registered_name_resolves_to_its_pass_class():

@@ -8,11 +8,11 @@ import pytest
 from torch import nn
 
 from optkit import workflow
-from optkit.metrics import ModelStats
-from optkit.models import ArchSpec, LoadedModel
-from optkit.passes.prune import L1Unstructured, StructuredPrune
-from optkit.pipeline import Pipeline, PassRecord, PipelineRun
-from optkit.report import (
+from optkit.analysis.metrics import ModelStats
+from optkit.io.models import ArchSpec, LoadedModel
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune
+from optkit.core.pipeline import Pipeline, PassRecord, PipelineRun
+from optkit.analysis.report import (
     NO_LATENCY_NOTE,
     UNSTRUCTURED_NOTE,
     build_report,

@@ -26,8 +26,8 @@ EXPORT_BUDGET_MIB = 1400
 DRIVER = r"""
 import json, resource, sys, tempfile
 from pathlib import Path
-from optkit.models import load_model
-from optkit.passes.prune import StructuredPrune
+from optkit.io.models import load_model
+from optkit.passes.prune.passes import StructuredPrune
 
 def peak():
     # VmHWM is this process's own high-water mark; ru_maxrss would also carry the
@@ -41,7 +41,7 @@ model = load_model("torchvision:resnet50").eval()
 StructuredPrune(ratio=0.3, input_shape=(1, 3, 224, 224)).apply(model)
 result = {"prune": peak()}
 if sys.argv[1] == "export":
-    from optkit.export import export_onnx
+    from optkit.export.onnx import export_onnx
     with tempfile.TemporaryDirectory() as tmp:
         export_onnx(model, Path(tmp) / "model.onnx", (1, 3, 224, 224))
     result["export"] = peak()
@@ -62,7 +62,7 @@ def test_resnet50_structured_prune_peak_rss():
 
 
 def test_resnet50_export_peak_rss():
-    pytest.importorskip("optkit.export", reason="optkit.export not on this branch")
+    pytest.importorskip("optkit.export.onnx", reason="optkit.export.onnx not on this branch")
     peak = _peak_rss("export")
     assert peak["prune"] < PRUNE_BUDGET_MIB
     assert peak["export"] < EXPORT_BUDGET_MIB, f"export peaked at {peak['export']:.0f} MiB (budget {EXPORT_BUDGET_MIB})"

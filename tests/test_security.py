@@ -16,10 +16,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from optkit import checkpoint
+from optkit.io import checkpoint
 from optkit.cli import main
-from optkit.errors import ModelLoadError
-from optkit.models import arch_spec, load, read_checkpoint
+from optkit.core.errors import ModelLoadError
+from optkit.io.models import arch_spec, load, read_checkpoint
 
 HOSTILE_MODULE = "_optkit_hostile_import"
 

@@ -1,4 +1,4 @@
-"""Tests for optkit.train: optimizer groups, schedule, distillation, resume after SIGKILL, NaN handling."""
+"""Tests for optkit.passes.finetune.loop: optimizer groups, schedule, distillation, resume after SIGKILL, NaN handling."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from optkit.errors import TrainingError
-from optkit.train import TrainConfig, cosine_with_warmup, distillation_loss, evaluate, fit, param_groups
+from optkit.core.errors import TrainingError
+from optkit.passes.finetune.loop import TrainConfig, cosine_with_warmup, distillation_loss, evaluate, fit, param_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ _RESUME_SCRIPT = textwrap.dedent("""
     import torch
     sys.path.insert(0, {tests!r})
     from test_train import tiny_data, tiny_model, resume_config
-    from optkit.train import fit
+    from optkit.passes.finetune.loop import fit
 
     torch.set_num_threads(1)
     data = tiny_data()

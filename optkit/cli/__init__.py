@@ -12,7 +12,7 @@ import traceback
 import click
 
 from optkit import __version__
-from optkit.errors import OptkitError
+from optkit.core.errors import OptkitError
 
 
 class OptkitGroup(click.Group):
@@ -47,7 +47,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("pattern", default="*")
 def passes_command(pattern: str) -> None:
     """List registered passes (optionally filtered by an fnmatch PATTERN)."""
-    from optkit.passes._registry import describe_passes
+    from optkit.core.registry import describe_passes
 
     descriptions = describe_passes(pattern)
     if not descriptions:

@@ -40,7 +40,7 @@ def parse_workers(ctx: click.Context, param: click.Parameter, value: str | None)
 
 def parse_device(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Click callback: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
-    from optkit.passes.device import check_device
+    from optkit.core.settings import check_device
 
     try:
         return check_device(value)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from optkit.bench import ENGINES
+from optkit.analysis.latency import ENGINES
 from optkit.cli._options import parse_shape
 
 
@@ -44,7 +44,7 @@ def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: b
     runs = {spec: _run(spec, options) for spec in specs}
     pairs = None
     if compare is not None:
-        from optkit.bench import compare as pair_up
+        from optkit.analysis.latency import compare as pair_up
 
         pairs = pair_up(runs[specs[0]], runs[specs[1]])
     if as_json:
@@ -57,7 +57,7 @@ def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: b
 
 
 def _run(spec: str, options: dict[str, Any]):
-    from optkit import bench
+    from optkit.analysis import latency as bench
 
     timing = {k: options[k] for k in ("threads", "device", "warmup", "repeats")}
     batch_sizes = list(options["batch_sizes"]) or None
@@ -65,7 +65,7 @@ def _run(spec: str, options: dict[str, Any]):
         if set(options["engines"]) - {"onnxruntime"}:
             raise click.UsageError(f"{spec} is an ONNX file: it runs only with --engine onnxruntime")
         return bench.bench_onnx(spec, options["input_shape"], batch_sizes=batch_sizes, **timing)
-    from optkit import models
+    from optkit.io import models
 
     loaded = models.load(spec, arch=options["arch"], num_classes=options["num_classes"], trust=options["trust"])
     shape = options["input_shape"] or models.default_input_shape(spec)

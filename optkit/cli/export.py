@@ -31,9 +31,10 @@ def export_command(model: str, onnx_path: str, input_shape, opset, fp16, static_
 
     Example: optkit export runs/demo/model.pt --onnx runs/demo/model-fp16.onnx --fp16
     """
-    from optkit import models, workflow
-    from optkit.errors import OptkitError
-    from optkit.export import export_onnx
+    from optkit import workflow
+    from optkit.io import models
+    from optkit.core.errors import OptkitError
+    from optkit.export.onnx import export_onnx
 
     if Path(onnx_path).exists() and not force:
         raise OptkitError(f"{onnx_path} already exists; pass --force to overwrite it or choose another --onnx path")

@@ -60,7 +60,7 @@ def show_epoch_lines() -> None:
     """Print each epoch's summary on stderr when there is no progress bar (not a terminal, other ranks)."""
     import logging
 
-    logger = logging.getLogger("optkit.train")
+    logger = logging.getLogger("optkit.passes.finetune.loop")
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -81,7 +81,7 @@ def data_input_shape(model, data: str) -> tuple[int, int, int, int]:
     """
     from torch import nn
 
-    from optkit.data import dataset_info
+    from optkit.data.datasets import dataset_info
 
     info = dataset_info(data)
     first_conv = next((m for m in model.modules() if isinstance(m, (nn.Conv2d,))), None)
@@ -129,10 +129,12 @@ def finetune_command(model: str, data: str, teacher_spec, input_shape, device, w
     """
     from rich.console import Console
 
-    from optkit import models, workflow
-    from optkit.pipeline import Pipeline
-    from optkit.report import print_report
-    from optkit.train import init_distributed, is_main_process
+    from optkit import workflow
+
+    from optkit.io import models
+    from optkit.core.pipeline import Pipeline
+    from optkit.analysis.report import print_report
+    from optkit.passes.finetune.loop import init_distributed, is_main_process
 
     if flags["distill"] and teacher_spec is None:
         raise click.UsageError("--distill needs --teacher MODEL (the model before pruning)")

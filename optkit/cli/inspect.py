@@ -25,8 +25,8 @@ def inspect_command(model: str, input_shape, num_classes, arch, trust, all_layer
 
     Example: optkit inspect torchvision:resnet18 --input-shape 1,3,224,224
     """
-    from optkit import models
-    from optkit.inspect import inspect_model
+    from optkit.io import models
+    from optkit.analysis.model_info import inspect_model
 
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
     shape = input_shape or models.default_input_shape(model)
@@ -41,7 +41,7 @@ def _print(model: str, inspection, all_layers: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from optkit.inspect import format_table
+    from optkit.analysis.model_info import format_table
 
     console = Console()
     if not console.is_terminal:

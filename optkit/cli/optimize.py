@@ -85,9 +85,11 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     """
     from rich.console import Console
 
-    from optkit import models, workflow
-    from optkit.report import print_report
-    from optkit.train import init_distributed, is_main_process
+    from optkit import workflow
+
+    from optkit.io import models
+    from optkit.analysis.report import print_report
+    from optkit.passes.finetune.loop import init_distributed, is_main_process
 
     console = Console(stderr=True)
     pipeline = _pipeline(model, recipe_path, input_shape, flags)
@@ -111,8 +113,8 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
 
 
 def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str, Any]):
-    from optkit.models import default_input_shape
-    from optkit.pipeline import Pipeline
+    from optkit.io.models import default_input_shape
+    from optkit.core.pipeline import Pipeline
 
     entries = pass_entries_from_flags(flags)
     if recipe_path is not None:

@@ -25,7 +25,7 @@ def test_amp_off_adds_nothing():
 
 
 def test_workers_go_to_passes_that_load_data(monkeypatch):
-    from optkit.passes import base
+    from optkit.core import contract as base
 
     @dataclasses.dataclass(frozen=True)
     class Loads(base.Pass):

@@ -9,10 +9,13 @@ import torch
 import torchvision
 from torch import nn
 
-from optkit import checkpoint, models
-from optkit.passes import _dataflow, get_pass
-from optkit.passes._batchnorm_modules import ConvBatchNorm
-from optkit.passes.batchnorm import (
+from optkit.io import checkpoint
+
+from optkit.io import models
+from optkit.passes import get_pass
+from optkit.passes.batchnorm import dataflow as _dataflow
+from optkit.passes.batchnorm.modules import ConvBatchNorm
+from optkit.passes.batchnorm.passes import (
     FoldBatchNorm,
     InsertBatchNorm,
     RecalibrateBatchNorm,
@@ -20,7 +23,7 @@ from optkit.passes.batchnorm import (
     insert_batchnorm,
     recalibrate_batchnorm,
 )
-from optkit.pipeline import Pipeline
+from optkit.core.pipeline import Pipeline
 
 SHAPE = (1, 3, 64, 64)
 CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)

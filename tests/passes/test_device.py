@@ -6,10 +6,12 @@ import pytest
 import torch
 import torchvision
 
-from optkit import checkpoint, models
-from optkit.errors import OptkitError
+from optkit.io import checkpoint
+
+from optkit.io import models
+from optkit.core.errors import OptkitError
 from optkit.passes import get_pass
-from optkit.passes.device import ChannelsLast, ToDevice, resolve_device
+from optkit.passes.device.passes import ChannelsLast, ToDevice, resolve_device
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 

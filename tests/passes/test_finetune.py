@@ -9,13 +9,15 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from optkit import models, train
+from optkit.io import models
+
+from optkit.passes.finetune import loop as train
 from optkit.cli import main
 from optkit.cli.optimize import pass_entries_from_flags
-from optkit.errors import DataError, PassError
-from optkit.passes.finetune import FineTune
-from optkit.passes.prune import StructuredPrune
-from optkit.pipeline import Pipeline
+from optkit.core.errors import DataError, PassError
+from optkit.passes.finetune.passes import FineTune
+from optkit.passes.prune.passes import StructuredPrune
+from optkit.core.pipeline import Pipeline
 
 DATA = "synthetic:32:3x16x16:4"
 

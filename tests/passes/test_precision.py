@@ -7,9 +7,13 @@ import pytest
 import torch
 import torchvision
 
-from optkit import amp, checkpoint, models
+from optkit.passes.precision import autocast as amp
+
+from optkit.io import checkpoint
+
+from optkit.io import models
 from optkit.passes import get_pass
-from optkit.passes.precision import Autocast
+from optkit.passes.precision.passes import Autocast
 
 # bf16 keeps 8 bits of mantissa: relative error per op ~0.4%, a few % over a network.
 BF16_RTOL = 0.05

@@ -1,4 +1,4 @@
-"""Tests for optkit.passes.prune: structured and unstructured pruning on real architectures."""
+"""Tests for optkit.passes.prune.passes: structured and unstructured pruning on real architectures."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from optkit import checkpoint, recipe
-from optkit.errors import OptkitError
-from optkit.metrics import count_macs, count_params, weight_sparsity
-from optkit.models import ArchSpec, load_model, torchvision_names
-from optkit.passes import _prune_limits
-from optkit.passes.prune import L1Unstructured, StructuredPrune, skipped_layers
+from optkit.io import checkpoint
+
+from optkit.core import recipe
+from optkit.core.errors import OptkitError
+from optkit.analysis.metrics import count_macs, count_params, weight_sparsity
+from optkit.io.models import ArchSpec, load_model, torchvision_names
+from optkit.passes.prune import limits as _prune_limits
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune, skipped_layers
 
 SMALL = (1, 3, 64, 64)
 

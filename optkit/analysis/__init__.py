@@ -1,0 +1,1 @@
+"""Measuring models: parameter and MAC counts, layer inspection, latency, and reports."""

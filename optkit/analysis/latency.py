@@ -1,0 +1,261 @@
+"""Latency measurement: PyTorch eager and ONNX Runtime, with the noise reported.
+
+Each measurement runs a few untimed warm-up calls, then times ``repeats``
+calls one by one (:func:`optkit.analysis.metrics.time_callable`) and reports the
+median, the 90th percentile and their ratio (``spread``): a spread well above
+1 means the machine was noisy and small differences mean nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.errors import OptkitError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+ENGINES = ("torch", "onnxruntime")
+
+
+@dataclass
+class Latency:
+    """One latency measurement.
+
+    Attributes:
+        engine: ``torch`` (eager) or ``onnxruntime``.
+        device: where it ran (``cpu``, ``cuda``).
+        batch_size: inputs per call.
+        input_shape: the full input shape of one call.
+        threads: intra-op threads used (``None``: the engine's default).
+        median_ms, p90_ms, min_ms, max_ms: latency of one call in milliseconds.
+        spread: ``p90_ms / median_ms`` (1.0 means no noise).
+        repeats: timed calls; warmup: untimed calls before them.
+        throughput: inputs per second at the median latency.
+    """
+
+    engine: str
+    device: str
+    batch_size: int
+    input_shape: tuple[int, ...]
+    threads: int | None
+    median_ms: float
+    p90_ms: float
+    min_ms: float
+    max_ms: float
+    spread: float
+    repeats: int
+    warmup: int
+    throughput: float
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["input_shape"] = list(self.input_shape)
+        return out
+
+
+def _latency(engine: str, device: str, shape: tuple[int, ...], threads: int | None, timing: dict[str, float],
+             warmup: int) -> Latency:
+    median = timing["median_ms"]
+    return Latency(engine, device, shape[0], shape, threads, median, timing["p90_ms"], timing["min_ms"],
+                   timing["max_ms"], timing["spread"], int(timing["repeats"]), warmup,
+                   shape[0] * 1000.0 / median if median else 0.0)
+
+
+def _check_counts(warmup: int, repeats: int) -> None:
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"warmup must be >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+
+
+def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Sequence[int] | None = None,
+                threads: int | None = None, device: str = "cpu", warmup: int = 5, repeats: int = 30) -> list[Latency]:
+    """Time eager PyTorch inference (``eval`` mode, ``no_grad``).
+
+    Args:
+        model: the model; it is moved to ``device`` and timed in eval mode
+            (its train/eval mode is restored afterwards).
+        input_shape: one input's shape; its first entry is the batch size used
+            when ``batch_sizes`` is not given.
+        batch_sizes: batch sizes to time, each replacing ``input_shape[0]``.
+        threads: intra-op threads (``torch.set_num_threads``) while timing;
+            ``None`` keeps torch's current setting. Restored afterwards.
+        device: ``cpu`` or ``cuda`` (CUDA calls are synchronized before the clock stops).
+        warmup: untimed calls before timing each batch size.
+        repeats: timed calls per batch size.
+
+    Returns:
+        one :class:`Latency` per batch size.
+
+    Raises:
+        OptkitError: if the model does not run at a shape, or the device is unavailable.
+    """
+    import torch
+
+    from optkit.analysis.metrics import time_callable
+
+    _check_counts(warmup, repeats)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise OptkitError(f"device {device!r} was asked for but CUDA is not available here; use --device cpu")
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    used_threads = torch.get_num_threads()
+    was_training = model.training
+    model = model.to(device).eval()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    results = []
+    try:
+        for shape in _shapes(input_shape, batch_sizes):
+            x = torch.randn(*shape, device=device)
+
+            def call() -> None:
+                with torch.no_grad():
+                    model(x)
+                sync()
+
+            try:
+                timing = time_callable(call, warmup=warmup, repeats=repeats)
+            except Exception as e:
+                raise OptkitError(f"the model does not run on input shape {','.join(map(str, shape))} ({e}); "
+                                  "set --input-shape to what it expects") from e
+            results.append(_latency("torch", str(device), shape, used_threads, timing, warmup))
+    finally:
+        torch.set_num_threads(previous_threads)
+        model.train(was_training)
+    return results
+
+
+def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, *,
+               batch_sizes: Sequence[int] | None = None, threads: int | None = None, device: str = "cpu",
+               warmup: int = 5, repeats: int = 30) -> list[Latency]:
+    """Time an ONNX file in ONNX Runtime.
+
+    Args:
+        path: the ``.onnx`` file.
+        input_shape: one input's shape; by default the file's declared input
+            shape, which must be static apart from the batch (a symbolic
+            batch runs at 1 unless ``batch_sizes`` says otherwise).
+        batch_sizes: batch sizes to time; a file with a fixed batch runs only at that batch.
+        threads: ONNX Runtime intra-op threads (``None``: its default).
+        device: ``cpu``, or ``cuda`` to use the CUDA execution provider.
+        warmup: untimed calls before timing each batch size.
+        repeats: timed calls per batch size.
+
+    Returns:
+        one :class:`Latency` per batch size.
+
+    Raises:
+        OptkitError: if the file cannot be loaded, its shape is unknown, or it fails to run.
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    from optkit.analysis.metrics import time_callable
+
+    _check_counts(warmup, repeats)
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    providers = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise OptkitError("ONNX Runtime here has no CUDA execution provider; use --device cpu or install onnxruntime-gpu")
+        providers.insert(0, "CUDAExecutionProvider")
+    try:
+        session = ort.InferenceSession(os.fspath(path), options, providers=providers)
+    except Exception as e:
+        raise OptkitError(f"{path}: ONNX Runtime cannot load it ({e})") from e
+    inputs = session.get_inputs()
+    if len(inputs) != 1:
+        raise OptkitError(f"{path} has {len(inputs)} inputs; optkit bench times single-input models")
+    declared = inputs[0].shape
+    shape = tuple(input_shape) if input_shape is not None else _static_shape(path, declared, batch_sizes)
+    rng = np.random.default_rng(0)
+    results = []
+    for run_shape in _shapes(shape, batch_sizes):
+        if isinstance(declared[0], int) and declared[0] != run_shape[0]:
+            raise OptkitError(f"{path} was exported with a fixed batch of {declared[0]}; "
+                              f"it cannot run batch {run_shape[0]} (export with a dynamic batch)")
+        feed = {inputs[0].name: rng.standard_normal(run_shape, dtype=np.float32)}
+        try:
+            timing = time_callable(lambda: session.run(None, feed), warmup=warmup, repeats=repeats)
+        except Exception as e:
+            raise OptkitError(f"{path} does not run on input shape {','.join(map(str, run_shape))} ({e})") from e
+        results.append(_latency("onnxruntime", device, run_shape, threads, timing, warmup))
+    return results
+
+
+def bench_exported(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Sequence[int] | None = None,
+                   threads: int | None = None, device: str = "cpu", warmup: int = 5,
+                   repeats: int = 30) -> list[Latency]:
+    """Time a PyTorch model in ONNX Runtime: export it to a temporary file, then :func:`bench_onnx`.
+
+    The export is :func:`optkit.export.onnx.export_onnx` with a dynamic batch, so
+    the file is verified against PyTorch before it is timed. Arguments are
+    those of :func:`bench_torch`.
+
+    Raises:
+        OptkitError: if optkit's exporter is not installed, or export or timing fails.
+    """
+    import tempfile
+
+    try:
+        from optkit.export.onnx import export_onnx
+    except ImportError as e:
+        raise OptkitError("timing a PyTorch model in ONNX Runtime needs optkit.export.onnx, which this installation "
+                          "lacks; export the model to .onnx and bench that file") from e
+    shape = tuple(int(v) for v in input_shape)
+    with tempfile.TemporaryDirectory(prefix="optkit-bench-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        export_onnx(model, path, shape, dynamic_batch=True)
+        return bench_onnx(path, shape, batch_sizes=batch_sizes, threads=threads, device=device,
+                          warmup=warmup, repeats=repeats)
+
+
+def is_onnx(spec: str | os.PathLike) -> bool:
+    """Whether a model spec names an ONNX file (by its ``.onnx`` suffix)."""
+    return os.fspath(spec).lower().endswith(".onnx")
+
+
+def _static_shape(path, declared: Sequence[Any], batch_sizes: Sequence[int] | None) -> tuple[int, ...]:
+    dims = list(declared)
+    if not isinstance(dims[0], int):
+        dims[0] = batch_sizes[0] if batch_sizes else 1
+    if not all(isinstance(d, int) and d > 0 for d in dims):
+        raise OptkitError(f"{path} declares input shape {declared} with symbolic dimensions; "
+                          "give --input-shape (e.g. 1,3,224,224)")
+    return tuple(dims)
+
+
+def _shapes(input_shape: Sequence[int], batch_sizes: Sequence[int] | None) -> list[tuple[int, ...]]:
+    shape = tuple(int(v) for v in input_shape)
+    if not batch_sizes:
+        return [shape]
+    if any(b < 1 for b in batch_sizes):
+        raise ValueError(f"batch sizes must be positive, got {list(batch_sizes)}")
+    return [(int(b),) + shape[1:] for b in batch_sizes]
+
+
+def compare(a: list[Latency], b: list[Latency]) -> list[dict[str, Any]]:
+    """Pair two benchmark runs by (engine, batch size) and give the ratio of their medians.
+
+    Returns:
+        one entry per pair: ``engine``, ``batch_size``, ``a_median_ms``,
+        ``b_median_ms`` and ``speedup`` (``a / b``: above 1 means B is faster),
+        plus ``noisy`` when the difference is within either run's spread.
+    """
+    by_key = {(r.engine, r.batch_size): r for r in b}
+    pairs = []
+    for ra in a:
+        rb = by_key.get((ra.engine, ra.batch_size))
+        if rb is None:
+            continue
+        speedup = ra.median_ms / rb.median_ms if rb.median_ms else float("inf")
+        # Within the larger p90/median spread, the difference could be noise.
+        noisy = max(speedup, 1 / speedup if speedup else float("inf")) < max(ra.spread, rb.spread)
+        pairs.append({"engine": ra.engine, "batch_size": ra.batch_size, "a_median_ms": ra.median_ms,
+                      "b_median_ms": rb.median_ms, "speedup": speedup, "noisy": noisy})
+    return pairs

@@ -1,0 +1,260 @@
+"""Before/after reports: a dict for ``report.json``, Markdown, a channels plot, and a console table."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from optkit.core.pipeline import PipelineRun
+
+UNSTRUCTURED_NOTE = (
+    "Unstructured pruning zeroes weights but keeps every tensor dense: dense kernels "
+    "(PyTorch, ONNX Runtime) run no faster and the file is no smaller uncompressed. "
+    "Use structured pruning for speed; zeros only shrink a compressed file."
+)
+NO_LATENCY_NOTE = (
+    "Latency was not measured in this run: fewer MACs do not always mean proportionally "
+    "less time. Time both models with `optkit bench --compare ORIGINAL model.pt`."
+)
+CHANNELS_PLOT = "channels.png"
+
+
+def build_report(run: PipelineRun, *, model: str, input_shape: tuple[int, ...],
+                 files: dict[str, int] | None = None, channels: dict[str, dict[str, int]] | None = None,
+                 latency: dict[str, Any] | None = None, accuracy: dict[str, Any] | None = None,
+                 input_file_size: int | None = None) -> dict[str, Any]:
+    """The report of one pipeline run as JSON-ready data.
+
+    Args:
+        run: the pipeline's outcome (stats must have been measured).
+        model: the model spec it ran on.
+        input_shape: the input shape MACs were counted at.
+        files: output file names and their sizes in bytes.
+        channels: ``{"before": {layer: out_channels}, "after": {...}}`` for
+            conv/linear layers (see :func:`optkit.analysis.model_info.layer_channels`).
+        latency: ``{"before": {...}, "after": {...}}`` timings (``median_ms``,
+            ``p90_ms``, ``spread``) when they were measured.
+        accuracy: ``{"before": float | None, "after": float}`` (and optionally
+            ``"dataset"``) when data was given; by default the validation
+            accuracy a fine-tune pass reached, with "before" unmeasured.
+        input_file_size: size in bytes of the checkpoint the model was read
+            from, compared with ``model.pt`` in the report.
+
+    Returns:
+        ``{"model", "input_shape", "before", "after", "ratios", "passes", "files",
+        "layers", "notes"}``, plus ``latency``/``accuracy`` when given;
+        ``before``/``after`` hold ``params``, ``macs`` and ``sparsity``.
+    """
+    before, after = run.before.to_dict(), run.after.to_dict()
+    ratios = {k: (after[k] / before[k] if before[k] else None) for k in ("params", "macs")}
+    report: dict[str, Any] = {
+        "model": model,
+        "input_shape": list(input_shape),
+        "before": before,
+        "after": after,
+        "ratios": ratios,
+        "passes": [r.to_dict() for r in run.records],
+        "files": files or {},
+        "file_size": {"before": input_file_size, "after": (files or {}).get("model.pt")},
+        "layers": _layer_rows(channels) if channels else [],
+    }
+    if latency is not None:
+        report["latency"] = latency
+    accuracy = accuracy if accuracy is not None else _finetune_accuracy(run)
+    if accuracy is not None:
+        report["accuracy"] = accuracy
+    report["notes"] = _notes(run, report)
+    return report
+
+
+def _finetune_accuracy(run: PipelineRun) -> dict[str, Any] | None:
+    """The validation accuracy the last fine-tune pass reached (its "before" was not measured)."""
+    for record in reversed(run.records):
+        if record.details.get("val_accuracy") is not None:
+            data = record.details.get("data")
+            return {"before": None, "after": record.details["val_accuracy"],
+                    "dataset": f"the val split of {data}" if data else "the validation data"}
+    return None
+
+
+def _layer_rows(channels: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    before, after = channels.get("before", {}), channels.get("after", {})
+    names = list(before) + [n for n in after if n not in before]
+    return [{"name": n, "before": before.get(n), "after": after.get(n)} for n in names]
+
+
+def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
+    names = [r.name for r in run.records]
+    notes = []
+    if "l1_unstructured" in names:
+        notes.append(UNSTRUCTURED_NOTE)
+    for name, layers in skipped_layers(report).items():
+        notes.append(f"{name} left {len(layers)} layer(s) untouched (listed under Skipped layers in report.md)")
+    if "structured_prune" in names and report["ratios"]["macs"] is not None and report["ratios"]["macs"] > 0.95:
+        notes.append("structured pruning removed under 5% of the MACs: most channels were protected "
+                     "(classifier, attention, ignored layers) or the ratio was small")
+    if "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
+        notes.append(NO_LATENCY_NOTE)
+    spreads = [t.get("spread", 1.0) for t in (report.get("latency") or {}).values() if isinstance(t, dict)]
+    if spreads and max(spreads) > 1.2:
+        notes.append(f"the latency figures are noisy (p90 / median up to {max(spreads):.2f}): other work was "
+                     "competing for the machine; re-time with `optkit bench --compare` on a quiet machine")
+    return notes
+
+
+def skipped_layers(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The layers each pass left untouched, by pass: ``{pass: {layer: reason}}``.
+
+    Reads ``details.skipped_layers`` (a name -> reason mapping) or
+    ``details.ignored_layers`` (a list of names) of each pass.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for p in report["passes"]:
+        details = p.get("details") or {}
+        skipped = details.get("skipped_layers")
+        if isinstance(skipped, dict) and skipped:
+            out[p["name"]] = {str(k): str(v) for k, v in skipped.items()}
+        elif details.get("ignored_layers"):
+            out[p["name"]] = {str(n): "ignored (the classifier, or matched an ignored_layers pattern)"
+                              for n in details["ignored_layers"]}
+    return out
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    before, after = report["before"], report["after"]
+    rows = []
+    for key, label in (("params", "Parameters"), ("macs", "MACs")):
+        ratio = after[key] / before[key] if before[key] else float("nan")
+        rows.append((label, f"{before[key]:,}", f"{after[key]:,}", f"{ratio:.3f}×"))
+    rows.append(("Weight sparsity", f"{before['sparsity']:.1%}", f"{after['sparsity']:.1%}", ""))
+    size = report.get("file_size") or {}
+    if size.get("after"):
+        b = size.get("before")
+        rows.append(("File size (MB)", "-" if b is None else f"{b / 1e6:.2f}", f"{size['after'] / 1e6:.2f}",
+                     f"{size['after'] / b:.3f}×" if b else ""))
+    for key, label in (("median_ms", "Latency median (ms)"), ("p90_ms", "Latency p90 (ms)")):
+        latency = report.get("latency") or {}
+        if key in latency.get("before", {}) and key in latency.get("after", {}):
+            b, a = latency["before"][key], latency["after"][key]
+            rows.append((label, f"{b:.2f}", f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
+    accuracy = report.get("accuracy") or {}
+    if accuracy.get("after") is not None:
+        before = accuracy.get("before")
+        rows.append(("Accuracy", "-" if before is None else f"{before:.2%}", f"{accuracy['after']:.2%}",
+                     "" if before is None else f"{(accuracy['after'] - before) * 100:+.2f} pts"))
+    return rows
+
+
+def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
+    """The report as Markdown (``report.md``).
+
+    Args:
+        report: what :func:`build_report` returned.
+        plot: file name of the channels plot to embed, if one was written.
+    """
+    shape = "×".join(map(str, report["input_shape"]))
+    lines = [f"# optkit report: {report['model']}", "", f"MACs counted at input shape {shape}.", "",
+             "| | before | after | after / before |", "|---|---:|---:|---:|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _rows(report)]
+    accuracy = report.get("accuracy") or {}
+    if accuracy.get("dataset"):
+        lines += ["", f"Accuracy measured on {accuracy['dataset']}."]
+    lines += ["", "## Passes", "", "| pass | seconds | params | MACs | sparsity |", "|---|---:|---:|---:|---:|"]
+    for p in report["passes"]:
+        lines.append(f"| {p['name']} | {p['seconds']:.2f} | {p.get('params', 0):,} | {p.get('macs', 0):,} | {p.get('sparsity', 0):.1%} |")
+    lines += _channel_lines(report, plot)
+    skipped = skipped_layers(report)
+    if skipped:
+        lines += ["", "## Skipped layers", ""]
+        for name, layers in skipped.items():
+            lines += [f"- {name}: `{layer}`: {reason}" for layer, reason in layers.items()]
+    lines += _export_lines(report.get("export"))
+    if report["files"]:
+        lines += ["", "## Files", ""] + [f"- `{name}`: {size:,} bytes" for name, size in report["files"].items()]
+    if report["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _channel_lines(report: dict[str, Any], plot: str | None) -> list[str]:
+    changed = [row for row in report.get("layers", []) if row["before"] != row["after"]]
+    if not report.get("layers"):
+        return []
+    lines = ["", "## Channels per layer", ""]
+    if plot:
+        lines += [f"![output channels per layer, before and after]({plot})", ""]
+    if not changed:
+        return lines + [f"No layer changed its output channels ({len(report['layers'])} conv/linear layers)."]
+    lines += [f"{len(changed)} of {len(report['layers'])} conv/linear layers changed their output channels:", "",
+              "| layer | before | after |", "|---|---:|---:|"]
+    return lines + [f"| `{r['name']}` | {_count(r['before'])} | {_count(r['after'])} |" for r in changed]
+
+
+def _export_lines(export: dict[str, Any] | None) -> list[str]:
+    """The ONNX export section: what was written and how it was verified."""
+    if not export:
+        return []
+    lines = ["", "## Export", "",
+             f"`{export.get('path', 'model.onnx')}`: {export.get('exporter', '?')} exporter, opset {export.get('opset', '?')}, "
+             f"{export.get('file_size', 0):,} bytes ({export.get('compressed_size', 0):,} gzipped).", ""]
+    checks = export.get("verification") or []
+    if checks:
+        lines += ["Verified against PyTorch in ONNX Runtime on the same random inputs:", "",
+                  "| batch | max abs diff | tolerance | passed |", "|---:|---:|---:|---|"]
+        lines += [f"| {c['batch_size']} | {c['max_abs_diff']:.3g} | {c['tolerance']:.3g} | {'yes' if c['passed'] else 'no'} |"
+                  for c in checks]
+    return lines
+
+
+def _count(value: int | None) -> str:
+    return "not present" if value is None else str(value)
+
+
+def plot_channels(report: dict[str, Any], path: str | os.PathLike) -> bool:
+    """Draw output channels per conv/linear layer, before and after, as a PNG.
+
+    Args:
+        report: what :func:`build_report` returned (its ``layers``).
+        path: where to write the PNG.
+
+    Returns:
+        whether a plot was written (``False`` for a model without conv/linear layers).
+    """
+    layers = report.get("layers") or []
+    if not layers:
+        return False
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(layers)
+    positions = range(n)
+    figure = Figure(figsize=(min(24.0, max(6.0, 0.22 * n)), 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.bar([i - 0.2 for i in positions], [row["before"] or 0 for row in layers], width=0.4, label="before")
+    axes.bar([i + 0.2 for i in positions], [row["after"] or 0 for row in layers], width=0.4, label="after")
+    step = max(1, n // 60)
+    axes.set_xticks(list(positions)[::step], [row["name"] for row in layers][::step], rotation=90, fontsize=6)
+    axes.set_ylabel("output channels")
+    axes.set_title(f"{report['model']}: output channels per conv/linear layer")
+    axes.legend()
+    figure.savefig(os.fspath(path), dpi=100, format="png")
+    return True
+
+
+def print_report(report: dict[str, Any], console=None) -> None:
+    """Print the before/after table (and notes) to the console with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"optkit: {report['model']}")
+    for column, justify in (("", "left"), ("before", "right"), ("after", "right"), ("after / before", "right")):
+        table.add_column(column, justify=justify)
+    for row in _rows(report):
+        table.add_row(*row)
+    console.print(table)
+    for p in report["passes"]:
+        console.print(f"  {p['name']}: {p['seconds']:.2f} s")
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/yellow] {note}")

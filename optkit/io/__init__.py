@@ -1,0 +1,1 @@
+"""Reading and writing: model specs, slimmed checkpoints, atomic output files."""

@@ -1,0 +1,247 @@
+"""Model specs: build or load the model a user names.
+
+Accepted specs:
+
+* ``torchvision:NAME``: any name from ``torchvision.models.list_models()``,
+  with random weights (nothing is downloaded) and ``num_classes``;
+* a ``state_dict`` file plus ``arch`` (``torchvision:NAME`` or
+  ``package.module:Class``);
+* an optkit slimmed checkpoint (see :mod:`optkit.io.checkpoint`);
+* a whole pickled ``nn.Module``, only with ``trust=True``.
+
+Files are always read with ``torch.load(weights_only=True)`` unless the user
+trusts them, so a pickle's code never runs by accident.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import warnings
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from optkit.core.errors import ModelLoadError, UntrustedPickleError
+
+#: How much a zip checkpoint's members may expand beyond the file's own size.
+#: ``torch.save`` stores members uncompressed, so a real checkpoint never
+#: expands; a deflated archive could inflate a small file into gigabytes.
+ZIP_EXPANSION_SLACK = 1 << 20
+
+TRUST_HINT = (
+    "it contains pickled Python objects, and unpickling can run arbitrary code; "
+    "pass --trust (trust=True) only if you trust where the file came from"
+)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How to build an architecture from scratch.
+
+    Attributes:
+        spec: ``torchvision:NAME`` or ``package.module:Class``.
+        kwargs: constructor keyword arguments (plain values only), e.g. ``num_classes``.
+    """
+
+    spec: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> nn.Module:
+        """Construct the architecture with fresh (random) weights.
+
+        Raises:
+            ModelLoadError: if the name is unknown or the class cannot be built.
+        """
+        kind, _, name = self.spec.partition(":")
+        if not name:
+            raise ModelLoadError(f"architecture spec {self.spec!r} must look like torchvision:NAME or package.module:Class")
+        if kind == "torchvision":
+            return _build_torchvision(name, self.kwargs)
+        return _build_class(kind, name, self.kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec, "kwargs": dict(self.kwargs)}
+
+
+@dataclass
+class LoadedModel:
+    """A model with how it was obtained.
+
+    Attributes:
+        model: the module, on CPU.
+        arch: how to rebuild its architecture, or ``None`` for a whole pickled module.
+        source: the spec or path it came from.
+    """
+
+    model: nn.Module
+    arch: ArchSpec | None
+    source: str
+
+
+def torchvision_names() -> list[str]:
+    """Names of torchvision's classification models."""
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def arch_spec(spec: str, num_classes: int | None = None) -> ArchSpec:
+    """An :class:`ArchSpec` for ``spec``, with ``num_classes`` when given."""
+    return ArchSpec(spec, {} if num_classes is None else {"num_classes": int(num_classes)})
+
+
+def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,
+         trust: bool = False) -> LoadedModel:
+    """Load a model from a spec, keeping track of its architecture.
+
+    Args:
+        spec: ``torchvision:NAME`` or a path to a checkpoint.
+        arch: architecture for a ``state_dict`` file.
+        num_classes: classifier size when building an architecture.
+        trust: allow full unpickling (a whole pickled module).
+
+    Returns:
+        the model and how to rebuild it.
+
+    Raises:
+        ModelLoadError: with what was wrong and how to fix it.
+    """
+    text = os.fspath(spec)
+    if text.startswith("torchvision:") and not Path(text).exists():
+        if arch is not None:
+            raise ModelLoadError("--arch is only for state_dict files; a torchvision:NAME spec already names the architecture")
+        architecture = arch_spec(text, num_classes)
+        return LoadedModel(architecture.build(), architecture, text)
+
+    obj = read_checkpoint(text, trust=trust)
+    from optkit.io import checkpoint
+
+    if checkpoint.is_slimmed(obj):
+        model, architecture = checkpoint.rebuild(obj, trust=trust, confirmed_arch=arch)
+        return LoadedModel(model, architecture, text)
+    if isinstance(obj, nn.Module):
+        return LoadedModel(obj.cpu(), None, text)
+    state_dict = _find_state_dict(obj)
+    if state_dict is None:
+        raise ModelLoadError(f"{text}: not a model checkpoint (found {type(obj).__name__}, expected a state_dict or an optkit model.pt)")
+    if arch is None:
+        raise ModelLoadError(f"{text} holds only weights (a state_dict); name the architecture with --arch torchvision:NAME or --arch package.module:Class")
+    architecture = arch_spec(arch, num_classes)
+    model = architecture.build()
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[1:3]) if len(first) > 1 else str(e)
+        raise ModelLoadError(f"{text} does not match --arch {arch} (check the architecture and --num-classes): {detail}") from e
+    return LoadedModel(model, architecture, text)
+
+
+def load_model(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,
+               trust: bool = False) -> nn.Module:
+    """Load a model from a spec; see :func:`load` for the arguments and errors."""
+    return load(spec, arch=arch, num_classes=num_classes, trust=trust).model
+
+
+def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
+    """Read a ``torch.save`` file, safely unless ``trust`` is given.
+
+    Raises:
+        ModelLoadError: for a missing, empty or unreadable file, or one that
+            needs full unpickling without ``trust``.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file (give a checkpoint path or torchvision:NAME)")
+    if p.is_dir():
+        raise ModelLoadError(f"{p} is a directory; give the checkpoint file inside it")
+    if not p.is_file():
+        raise ModelLoadError(f"{p} is not a regular file (a pipe, socket or device); give a checkpoint file")
+    if p.stat().st_size == 0:
+        raise ModelLoadError(f"{p} is empty; it is not a PyTorch checkpoint")
+    with open(p, "rb") as f:
+        magic = f.read(2)
+    # torch.save writes a zip archive ("PK"); older files are raw pickles (0x80 = protocol 2+).
+    if magic != b"PK" and magic[:1] != b"\x80":
+        raise ModelLoadError(f"{p} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
+    if magic == b"PK":
+        _check_zip(p)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(p, map_location="cpu", weights_only=not trust)
+    except Exception as e:
+        if "Weights only load failed" in str(e):
+            raise UntrustedPickleError(f"{p} was refused: {TRUST_HINT}") from e
+        raise ModelLoadError(f"{p} is not a readable PyTorch checkpoint ({type(e).__name__}: {_short(e)})") from e
+
+
+def _check_zip(path: Path) -> None:
+    """Refuse a damaged archive, or one whose members would inflate far beyond the file's size."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            expanded = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ModelLoadError(f"{path} is truncated or damaged (not a complete zip archive: {_short(e)}); "
+                             "download or save it again") from e
+    size = path.stat().st_size
+    if expanded > size + ZIP_EXPANSION_SLACK:
+        raise ModelLoadError(f"{path} is a compressed archive that would expand from {size} to {expanded} bytes "
+                             "in memory; torch.save never compresses, so re-save the model with torch.save")
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else "no details"
+
+
+def _find_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        return obj
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if key in obj:
+                return _find_state_dict(obj[key])
+    return None
+
+
+def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    import torchvision
+
+    names = torchvision.models.list_models()
+    if name not in names:
+        close = [n for n in names if n.startswith(name[:4])][:5]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ModelLoadError(f"unknown torchvision model {name!r}{hint}; see torchvision.models.list_models()")
+    extra = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
+    try:
+        return torchvision.models.get_model(name, weights=None, **extra, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"cannot build torchvision:{name} with {kwargs}: {e}") from e
+
+
+def _build_class(module_name: str, class_name: str, kwargs: dict[str, Any]) -> nn.Module:
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
+        raise ModelLoadError(f"cannot import {module_name}:{class_name} ({e}); is its package on PYTHONPATH?") from e
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ModelLoadError(f"{module_name}:{class_name} is not an nn.Module class")
+    parameters = inspect.signature(cls).parameters
+    accepted = {k: v for k, v in kwargs.items() if k in parameters or any(
+        p.kind is p.VAR_KEYWORD for p in parameters.values())}
+    try:
+        return cls(**accepted)
+    except Exception as e:
+        raise ModelLoadError(f"cannot build {module_name}:{class_name}({accepted}): {e}") from e
+
+
+def default_input_shape(spec: str) -> tuple[int, int, int, int]:
+    """The usual input shape for a model spec: 299×299 for inception_v3, 224×224 otherwise."""
+    return (1, 3, 299, 299) if str(spec).endswith("inception_v3") else (1, 3, 224, 224)

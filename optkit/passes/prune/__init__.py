@@ -1,0 +1,5 @@
+"""Pruning: L1 unstructured (zeroes weights) and structured (removes channels with torch-pruning)."""
+
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune, default_submodule, skipped_layers
+
+__all__ = ["L1Unstructured", "StructuredPrune", "default_submodule", "skipped_layers"]

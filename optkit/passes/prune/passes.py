@@ -1,0 +1,270 @@
+"""Pruning passes: L1 unstructured (zeroes weights) and structured (removes channels).
+
+Unstructured pruning shrinks nothing on dense kernels: the zeros cost the same
+time. Structured pruning physically removes channels with torch-pruning's
+dependency graph, so the model gets smaller and faster. Architectures that
+torch-pruning does not follow on its own (window attention, ViT heads,
+channel shuffle) get help from :mod:`optkit.passes.prune.arch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult, Stage
+from optkit.core.registry import register_pass
+from optkit.core.settings import calib_data_setting, setting, shared_setting
+
+if TYPE_CHECKING:
+    from torch import nn
+
+STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random")
+DEFAULT_TIMEOUT_S = 600.0
+PRUNE_RATIO_HELP = "Fraction to prune, in [0, 1): channels (structured) or weights (unstructured)."
+GLOBAL_HELP = "Rank across all layers instead of per layer."
+
+
+@register_pass
+@dataclass(frozen=True)
+class L1Unstructured(Pass):
+    """Zero the smallest-magnitude conv/linear weights (L1), made permanent.
+
+    The pruning reparametrization (``weight_orig``, ``weight_mask``, forward
+    pre-hooks) is removed afterwards, so the model is an ordinary module.
+    The report's ``sparsity`` is measured exactly after pruning. Works in place.
+    """
+
+    name = "l1_unstructured"
+    stage = Stage.PRUNE
+    variant = ("method", "unstructured")
+    ratio: float = setting(0.3, help=PRUNE_RATIO_HELP, low=0, high=1, high_open=True, flag="prune", enables=True)
+    global_: bool = setting(False, help=GLOBAL_HELP, flag="global")
+
+    def apply(self, model: nn.Module) -> PassResult:
+        from torch.nn.utils import prune
+
+        from optkit.analysis.metrics import prunable_weights, weight_sparsity
+
+        targets = [(module, "weight") for _, module in prunable_weights(model)]
+        if not targets:
+            return PassResult(model, {"pruned_layers": 0, "sparsity": 0.0})
+        if self.global_:
+            prune.global_unstructured(targets, pruning_method=prune.L1Unstructured, amount=self.ratio)
+        else:
+            for module, param in targets:
+                prune.l1_unstructured(module, param, amount=self.ratio)
+        for module, param in targets:
+            prune.remove(module, param)
+        return PassResult(model, {"pruned_layers": len(targets), "sparsity": weight_sparsity(model)})
+
+
+@register_pass
+@dataclass(frozen=True)
+class StructuredPrune(Pass):
+    """Remove whole channels with torch-pruning's dependency graph (group L1 by default).
+
+    Works in place, except with a target, where the returned model is the
+    pruned copy that met it. The model is put in eval mode while it is traced
+    and restored after. ``calibration`` (Python only) takes an iterable of
+    ``(inputs, targets)`` batches for ``taylor`` importance instead of ``data``.
+    """
+
+    name = "structured_prune"
+    stage = Stage.PRUNE
+    variant = ("method", "structured")
+    ratio: float = setting(0.3, help=PRUNE_RATIO_HELP + " Ignored when target_macs or target_params is set.",
+                           low=0, high=1, high_open=True, flag="prune", enables=True)
+    round_to: int = setting(8, help="Keep channel counts multiples of this (aligned counts run faster); 1 disables "
+                            "rounding.", low=1, flag="round-to")
+    importance: str = setting("l1", help="How channels are ranked: l1, l2, taylor (gradient x weight; needs data), "
+                              "bn_scale, or random (a baseline).", choices=STRUCTURED_IMPORTANCE, flag="importance")
+    global_: bool = setting(False, help=GLOBAL_HELP, flag="global")
+    iterative_steps: int = setting(1, help="Reach the ratio in this many equal steps (with a fine-tune on the "
+                                   "command line, fine-tune after each).", low=1, flag="iterative-steps")
+    ignored_layers: tuple[str, ...] = setting((), help="fnmatch patterns of module names whose output channels are "
+                                              "kept; the layers that feed the model's outputs always keep theirs.")
+    layer_ratios: dict[str, float] | None = setting(None, help="Per-layer ratio overrides, keyed by fnmatch pattern.",
+                                                    low=0, high=1, high_open=True)
+    target_macs: float | None = setting(None, help="Prune until MACs are this fraction of the original, e.g. 0.5 "
+                                        "(instead of ratio).", low=0, high=1, low_open=True, high_open=True,
+                                        flag="target-macs", enables=True)
+    target_params: float | None = setting(None, help="Prune until parameters are this fraction of the original "
+                                          "(instead of ratio).", low=0, high=1, low_open=True, high_open=True,
+                                          flag="target-params", enables=True)
+    target_tolerance: float = setting(0.01, help="Stop the target search once the achieved fraction is this close.",
+                                      low=0, high=0.5, high_open=True)
+    timeout_s: float = setting(DEFAULT_TIMEOUT_S, help="Time limit in seconds for tracing and pruning one model "
+                               "(enforced on the main thread only).", low=0)
+    submodule: str | None = setting(None, help="Prune only this sub-module (e.g. backbone), keeping the widths of "
+                                    "its outputs; detection and segmentation models default to their backbone.")
+    data: str | None = calib_data_setting()
+    calibration_batches: int = setting(4, help="How many batches taylor importance uses.", low=1)
+    batch_size: int = setting(16, help="Batch size when reading data.", low=1)
+    calibration: Any = setting(None, help="Python only: (inputs, targets) batches for taylor importance.",
+                               recipe=False, compare=False, repr=False)
+    input_shape: tuple[int, ...] | None = shared_setting("input_shape")
+
+    def check(self) -> None:
+        if self.target_macs is not None and self.target_params is not None:
+            raise ValueError("give target_macs or target_params, not both")
+        if self.importance == "taylor" and self.data is None and self.calibration is None:
+            raise ValueError("importance 'taylor' needs data: set data (a dataset spec) or calibration (batches)")
+
+    def apply(self, model: nn.Module) -> PassResult:
+        from optkit.passes.prune import target as _prune_target
+
+        if self.target_macs is None and self.target_params is None:
+            return PassResult(model, self.prune(model, self.ratio))
+        return _prune_target.search(self, model)
+
+    def prune(self, model: nn.Module, ratio: float) -> dict[str, Any]:
+        """Prune ``model`` in place at ``ratio`` with this pass's other settings.
+
+        Returns:
+            details for the report: ``skipped_layers`` (name -> reason),
+            ``pruned_layers`` (count) and the settings that shaped the run.
+
+        Raises:
+            OptkitError: when tracing or pruning exceeds ``timeout_s``.
+            ValueError: for a layer pattern or sub-module that matches nothing.
+        """
+        from optkit.core.errors import OptkitError
+        from optkit.passes.prune import limits as _prune_limits
+        from optkit.passes.prune import engine as _prune_structured
+
+        root, inputs, submodule = self._root_and_inputs(model)
+        held, overrides = _prune_structured.user_choices(root, self.ignored_layers, self.layer_ratios)
+        options = _prune_structured.Options(_importance(self.importance), ratio, self.global_,
+                                            self.iterative_steps, self.round_to)
+        before_step = self._taylor_gradients(model) if self.importance == "taylor" else None
+        try:
+            with _prune_limits.time_limit(self.timeout_s) as enforced:
+                skipped = _prune_structured.prune_tree(root, inputs, options, held, overrides,
+                                                       submodule=submodule, before_step=before_step)
+        except _prune_limits.TimeLimitExceeded as e:
+            raise OptkitError(
+                f"structured pruning of {type(root).__name__} {e} (torch-pruning may be looping on this graph); "
+                "the model may be partly changed, so start again from the original, and raise timeout_s or "
+                "add the blocks it stalls on to ignored_layers") from e
+        details: dict[str, Any] = {
+            "ratio": ratio,
+            "pruned_layers": sum(1 for name in _conv_linear_names(root) if name not in skipped),
+            "skipped_layers": skipped,
+        }
+        if submodule:
+            details["submodule"] = submodule
+        if not enforced and self.timeout_s:
+            details["time_limit"] = "not enforced (SIGALRM needs the main thread)"
+        return details
+
+    def _root_and_inputs(self, model: nn.Module) -> tuple[nn.Module, Any, str | None]:
+        import torch
+
+        from optkit.analysis.metrics import eval_mode, example_input
+
+        inputs = example_input(model, self.input_shape or DEFAULT_INPUT_SHAPE)
+        submodule = self.submodule if self.submodule is not None else default_submodule(model)
+        if not submodule:
+            return model, inputs, None
+        try:
+            root = model.get_submodule(submodule)
+        except AttributeError as e:
+            raise ValueError(f"submodule {submodule!r} is not a module of {type(model).__name__}") from e
+        captured: list = []
+        hook = root.register_forward_pre_hook(lambda module, args: captured.append(args))
+        try:
+            with eval_mode(model), torch.no_grad():
+                model(inputs)
+        finally:
+            hook.remove()
+        if not captured:
+            raise ValueError(f"submodule {submodule!r} does not run in a forward pass at input_shape {self.input_shape}")
+        args = captured[0]
+        return root, args[0] if len(args) == 1 else list(args), submodule
+
+    def _taylor_gradients(self, model: nn.Module):
+        batches = self.calibration if self.calibration is not None else _data_batches(self)
+
+        def accumulate() -> None:
+            import torch
+            import torch.nn.functional as F
+
+            from optkit.analysis.metrics import model_device
+
+            device = model_device(model)
+            model.zero_grad(set_to_none=True)
+            seen = 0
+            with torch.enable_grad():
+                for batch in batches:
+                    if seen >= self.calibration_batches:
+                        break
+                    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+                        raise ValueError("taylor importance needs (inputs, targets) batches")
+                    inputs, targets = batch[0].to(device), batch[1].to(device)
+                    F.cross_entropy(model(inputs), targets).backward()
+                    seen += 1
+            if not seen:
+                raise ValueError("taylor importance got no calibration batches")
+
+        return accumulate
+
+
+def default_submodule(model: nn.Module) -> str | None:
+    """``backbone`` for torchvision detection and segmentation models, else ``None``."""
+    kind = type(model).__module__
+    detection = kind.startswith(("torchvision.models.detection", "torchvision.models.segmentation"))
+    return "backbone" if detection and hasattr(model, "backbone") else None
+
+
+def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_SHAPE, *,
+                   ignored_layers: Iterable[str] = (), round_to: int = 8) -> dict[str, str]:
+    """Conv/linear layers a structured prune would leave untouched, with the reason for each.
+
+    A dry run: the model is traced but not changed (its train/eval mode is restored).
+
+    Args:
+        model: the model.
+        input_shape: example input shape used to trace it.
+        ignored_layers: fnmatch patterns the prune would be given.
+        round_to: the channel rounding the prune would use.
+
+    Returns:
+        ``{layer name: reason}``; layer names are relative to the pruned
+        sub-module (``backbone`` for detection/segmentation models).
+    """
+    from optkit.passes.prune import engine as _prune_structured
+
+    settings = StructuredPrune(input_shape=tuple(input_shape), ignored_layers=tuple(ignored_layers), round_to=round_to)
+    root, inputs, submodule = settings._root_and_inputs(model)
+    held, _ = _prune_structured.user_choices(root, settings.ignored_layers, None)
+    options = _prune_structured.Options(_importance("l1"), settings.ratio, False, 1, round_to)
+    return _prune_structured.prune_tree(root, inputs, options, held, {}, submodule=submodule, dry_run=True)
+
+
+def _conv_linear_names(root: nn.Module) -> list[str]:
+    from optkit.analysis.metrics import prunable_weights
+
+    return [name for name, _ in prunable_weights(root)]
+
+
+def _data_batches(settings: StructuredPrune):
+    from optkit.data.datasets import load_dataset, make_loader
+
+    dataset = load_dataset(settings.data, "train", augment=False)
+    return make_loader(dataset, settings.batch_size, shuffle=True, num_workers=0, seed=0)
+
+
+def _importance(kind: str):
+    import torch_pruning as tp
+
+    if kind == "l1":
+        return tp.importance.GroupMagnitudeImportance(p=1)
+    if kind == "l2":
+        return tp.importance.GroupMagnitudeImportance(p=2)
+    if kind == "taylor":
+        return tp.importance.GroupTaylorImportance()
+    if kind == "bn_scale":
+        return tp.importance.BNScaleImportance()
+    return tp.importance.RandomImportance()

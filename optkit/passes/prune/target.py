@@ -1,0 +1,76 @@
+"""Find the structured pruning ratio that reaches a MACs or parameter target.
+
+The fraction kept falls (not always strictly: channel rounding makes steps)
+as the ratio grows, so the ratio is found by bracketing search, each try
+pruning a fresh deep copy of the model. Removing a fraction r of channels
+keeps roughly (1 - r)^2 of a layer's MACs and params (inputs and outputs both
+shrink), so each next ratio interpolates linearly in the square root of the
+fraction between the bracket's ends, falling back to bisection when that
+would not shrink the bracket. The copy whose achieved fraction is closest to
+the target is returned; the original model is left unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.contract import DEFAULT_INPUT_SHAPE, PassResult
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from optkit.passes.prune.passes import StructuredPrune
+
+MAX_RATIO = 0.95
+MAX_TRIES = 12
+
+
+def search(settings: StructuredPrune, model: nn.Module) -> PassResult:
+    """Prune copies of ``model`` at bisected ratios until the target is met.
+
+    Returns:
+        the best pruned copy, with details: ``target`` (``macs`` or
+        ``params``), ``target_fraction``, ``achieved_fraction``, the chosen
+        ``ratio`` and every ``tries`` entry, plus the chosen run's details.
+    """
+    from optkit.analysis.metrics import count_macs, count_params
+
+    shape = settings.input_shape or DEFAULT_INPUT_SHAPE
+    kind, target = ("macs", settings.target_macs) if settings.target_macs is not None else ("params", settings.target_params)
+
+    def measure(m: nn.Module) -> int:
+        return count_macs(m, shape) if kind == "macs" else count_params(m)
+
+    original = measure(model)
+    tries: list[dict[str, float]] = []
+    best: tuple[float, nn.Module, dict[str, Any]] | None = None
+    low, high = (0.0, 1.0), (MAX_RATIO, (1 - MAX_RATIO) ** 2)
+    for _ in range(MAX_TRIES):
+        ratio = _next_ratio(low, high, target)
+        candidate = copy.deepcopy(model)
+        details = settings.prune(candidate, ratio)
+        achieved = measure(candidate) / original
+        tries.append({"ratio": ratio, "achieved_fraction": round(achieved, 4)})
+        if best is None or abs(achieved - target) < abs(best[0] - target):
+            best = (achieved, candidate, details)
+        if abs(achieved - target) <= settings.target_tolerance:
+            break
+        if achieved > target:
+            low = (ratio, achieved)
+        else:
+            high = (ratio, achieved)
+    achieved, pruned, details = best
+    details.update({"target": kind, "target_fraction": target, "achieved_fraction": round(achieved, 4), "tries": tries})
+    return PassResult(pruned, details)
+
+
+def _next_ratio(low: tuple[float, float], high: tuple[float, float], target: float) -> float:
+    """Interpolate (ratio, fraction) bracket ends linearly in sqrt(fraction); bisect if that hugs an end."""
+    (r0, f0), (r1, f1) = low, high
+    g0, g1, gt = f0 ** 0.5, f1 ** 0.5, target ** 0.5
+    ratio = r0 + (r1 - r0) * (g0 - gt) / (g0 - g1) if g0 != g1 else (r0 + r1) / 2
+    margin = (r1 - r0) / 10
+    if not r0 + margin <= ratio <= r1 - margin:
+        ratio = (r0 + r1) / 2
+    return round(ratio, 4)
