@@ -18,8 +18,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.dev-installed: $(VENV)/.installed
+# The example plugin package registers a pass by entry point; the tests use it.
+PLUGIN := tests/plugins/example_plugin
+$(VENV)/.dev-installed: $(VENV)/.installed $(PLUGIN)/pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e $(PLUGIN)
 	touch $@
 
 setup: $(VENV)/.installed

@@ -8,14 +8,12 @@ from typing import Any
 import click
 
 from optkit.analysis.latency import ENGINES
-from optkit.cli._options import parse_shape
+from optkit.cli._options import model_options
 
 
 @click.command("bench")
 @click.argument("model", required=False)
 @click.option("--compare", nargs=2, metavar="A B", help="Benchmark two models the same way and print the ratio A / B.")
-@click.option("--input-shape", callback=parse_shape,
-              help="Input shape, e.g. 1,3,224,224 (ONNX files: defaults to the file's declared shape).")
 @click.option("--batch-size", "batch_sizes", type=click.IntRange(min=1), multiple=True,
               help="Batch size to time; repeat for several (e.g. --batch-size 1 --batch-size 8).")
 @click.option("--engine", "engines", type=click.Choice(ENGINES), multiple=True,
@@ -25,9 +23,7 @@ from optkit.cli._options import parse_shape
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed calls before timing.")
 @click.option("--repeats", type=click.IntRange(min=1), default=30, show_default=True, help="Timed calls per batch size.")
-@click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
-@click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
-@click.option("--trust", is_flag=True, help="Allow full unpickling (runs code from the file): only for files you trust.")
+@model_options("Input shape, e.g. 1,3,224,224 (ONNX files: defaults to the file's declared shape).")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
 def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: bool, **options: Any) -> None:
     """Time inference of MODEL: median, p90 and spread (p90 / median) over repeats.

@@ -6,15 +6,12 @@ import json
 
 import click
 
-from optkit.cli._options import parse_shape
+from optkit.cli._options import model_options
 
 
 @click.command("inspect")
 @click.argument("model")
-@click.option("--input-shape", callback=parse_shape, help="Input shape MACs are counted at, e.g. 1,3,224,224.")
-@click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture.")
-@click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class.")
-@click.option("--trust", is_flag=True, help="Allow full unpickling (runs code from the file): only for files you trust.")
+@model_options("Input shape MACs are counted at, e.g. 1,3,224,224.")
 @click.option("--all-layers", is_flag=True, help="Also list rows without parameters (activations, pooling).")
 @click.option("--json", "as_json", is_flag=True, help="Print the table, totals and skipped layers as JSON.")
 def inspect_command(model: str, input_shape, num_classes, arch, trust, all_layers: bool, as_json: bool) -> None:

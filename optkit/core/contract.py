@@ -68,8 +68,8 @@ class Pass:
         stage: the position in a pipeline built from CLI flags (see :class:`Stage`).
         flag: a CLI switch that adds the pass with its defaults (``"fold-bn"`` gives ``--fold-bn``).
         variant: ``(option, value)`` when passes share their enabling flags and
-            an option picks one (``("method", "structured")``); the first
-            registered value is the option's default.
+            an option picks one (``("method", "structured")``); the
+            variant with ``variant_default = True`` is the option's default.
     """
 
     name: ClassVar[str] = ""
@@ -77,6 +77,7 @@ class Pass:
     stage: ClassVar[int] = Stage.TRANSFORM
     flag: ClassVar[str | None] = None
     variant: ClassVar[tuple[str, str] | None] = None
+    variant_default: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         validate_fields(self)

@@ -16,7 +16,6 @@ The Python API, the recipe loader, the CLI and the tests all read this registry.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import fnmatch
 import importlib
 import importlib.util
@@ -50,7 +49,7 @@ def register_pass(cls: P) -> P:
 
     if not (isinstance(cls, type) and issubclass(cls, Pass)):
         raise TypeError(f"@register_pass needs a subclass of optkit.Pass, got {cls!r}")
-    if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
+    if "__dataclass_params__" not in cls.__dict__ or not cls.__dataclass_params__.frozen:
         raise TypeError(f"{cls.__name__} must be a @dataclass(frozen=True) so its settings cannot change after validation")
     if not isinstance(cls.name, str) or not _NAME.match(cls.name):
         raise ValueError(f"{cls.__name__}.name must be a snake_case pass name such as 'my_prune', got {cls.name!r}")

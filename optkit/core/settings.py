@@ -49,6 +49,7 @@ class Setting:
     enables: bool = False
     metavar: str | None = None
     example: Any = None
+    accepts: str | None = None
 
 
 def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | None = None,
@@ -123,8 +124,10 @@ def check_device(value: Any) -> str | None:
 
 #: The settings a pipeline (and a recipe's top level) holds and fills into every pass that has them.
 SHARED_SETTINGS: dict[str, Setting] = {
-    "input_shape": Setting(help=INPUT_SHAPE_HELP, check=check_input_shape, flag="input-shape"),
-    "device": Setting(help=DEVICE_HELP, check=check_device, flag="device", metavar="auto|cpu|cuda|cuda:N|mps"),
+    "input_shape": Setting(help=INPUT_SHAPE_HELP, check=check_input_shape, flag="input-shape",
+                           accepts="2 to 5 positive integers"),
+    "device": Setting(help=DEVICE_HELP, check=check_device, flag="device", metavar="auto|cpu|cuda|cuda:N|mps",
+                      accepts=DEVICE_CHOICES),
 }
 
 
@@ -242,6 +245,8 @@ def _as_container(part: str, value: Any, spec: Setting) -> tuple[bool, Any]:
 
 def describe(spec: Setting, annotation: Any) -> str:
     """What a setting accepts, in words: ``a number in [0, 1)``, ``one of l1, l2``, ``an integer >= 1``..."""
+    if spec.accepts:
+        return spec.accepts
     parts = _annotation_parts(annotation)
     words = []
     if spec.choices:

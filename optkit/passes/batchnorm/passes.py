@@ -215,14 +215,14 @@ def recalibrate_batchnorm(model: nn.Module, batches: Iterable[Any], *, num_batch
 class InsertBatchNorm(Pass):
     """Insert a function-preserving BatchNorm after every conv that lacks a normalization layer.
 
-    Works in place; see :func:`insert_batchnorm`.
+    Without ``data`` the new BatchNorms start as exact identities. Works in
+    place; see :func:`insert_batchnorm`.
     """
 
     name = "insert_batchnorm"
     stage = Stage.PREPARE
     flag = "insert-bn"
-    data: str | None = calib_data_setting(help="Dataset spec whose batches set the new BatchNorms' statistics; "
-                                          "without it they start as exact identities.")
+    data: str | None = calib_data_setting()
     batches: int = setting(4, help="How many batches of data to use.", low=1)
     batch_size: int = setting(32, help="Calibration batch size.", low=2)
     split: str = setting("train", help="The dataset split to draw from.", choices=SPLITS)
@@ -268,7 +268,7 @@ class RecalibrateBatchNorm(Pass):
 
     name = "recalibrate_batchnorm"
     stage = Stage.RECALIBRATE
-    data: str | None = calib_data_setting(help="Dataset spec to draw the batches from (required).")
+    data: str | None = calib_data_setting(example="synthetic:64:3x16x16:10")
     batches: int = setting(10, help="Re-estimate the statistics from this many batches of data.", low=1,
                            flag="recalibrate-bn", enables=True, metavar="N")
     batch_size: int = setting(32, help="Batch size (train-mode BatchNorm needs more than one value per channel).",

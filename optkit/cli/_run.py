@@ -1,0 +1,54 @@
+"""What the commands that run pipelines share: the built-in pass classes, fine-tune run options, epoch lines."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+
+def builtin_classes() -> dict[str, type]:
+    """optkit's own pass classes by name (importing them needs no torch), for generating flags."""
+    from optkit.core.registry import builtin_passes, get_pass
+
+    return {name: get_pass(name) for name in builtin_passes()}
+
+
+def show_epoch_lines() -> None:
+    """Print each epoch's summary on stderr when there is no progress bar (not a terminal, other ranks)."""
+    import logging
+
+    logger = logging.getLogger("optkit.passes.finetune")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+def data_input_shape(model, data: str) -> tuple[int, int, int, int]:
+    """The training input shape when none is given: the dataset's image size, the model's input channels.
+
+    The channels come from the model's first convolution (so a torchvision model
+    gets 3 and Fashion-MNIST's grayscale is repeated); without one, the dataset's.
+    """
+    from torch import nn
+
+    from optkit.data import dataset_info
+
+    info = dataset_info(data)
+    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    channels = first_conv.in_channels if first_conv is not None else info.channels
+    return (1, channels, *info.image_size)
+
+
+def finetune_run_options(pipeline, out_dir: str, *, resume: bool, teacher=None):
+    """Give the pipeline's ``finetune`` passes checkpoint files in ``out_dir``, ``resume`` and a teacher."""
+    stages = [i for i, p in enumerate(pipeline.passes) if getattr(p, "name", None) == "finetune"]
+    for number, index in enumerate(stages, start=1):
+        p = pipeline.passes[index]
+        name = "finetune.ckpt" if len(stages) == 1 else f"finetune-{number}.ckpt"
+        changes = {"resume": resume, "checkpoint": p.checkpoint or str(Path(out_dir) / name)}
+        if teacher is not None:
+            changes["teacher"] = teacher
+        pipeline.passes[index] = dataclasses.replace(p, **changes)
+    return pipeline
