@@ -39,7 +39,7 @@ import torchvision
 from torch import nn
 
 from optkit.io.files import write_text
-from optkit.data.datasets import load_dataset, make_loader
+from optkit.data import load_dataset, make_loader
 from optkit.analysis.metrics import count_params, time_callable
 from optkit.passes.batchnorm.passes import fold_batchnorm, insert_batchnorm, recalibrate_batchnorm
 from optkit.passes.prune.passes import StructuredPrune

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optkit.io import checkpoint
+from optkit.io import checkpoint, confirmed
 from optkit.core.errors import OptkitError
 from optkit.export.onnx import export_onnx, weights_sizes
 from optkit.analysis.model_info import layer_channels
@@ -42,6 +42,39 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
         raise OptkitError(f"the model does not run on input shape {shape} ({first}); set --input-shape to what it expects") from e
 
 
+def data_normalization(pipeline: Pipeline) -> dict[str, dict[str, str]]:
+    """The mean and std each dataset spec the passes read normalizes with, by spec (for the report and ONNX metadata)."""
+    from optkit.data import dataset_info
+
+    return {spec: dataset_info(spec).normalization() for spec in _dataset_specs(pipeline)}
+
+
+def _dataset_specs(pipeline: Pipeline) -> list[str]:
+    import dataclasses
+
+    from optkit.core.contract import Pass
+    from optkit.core.settings import declared
+
+    specs = []
+    for step in pipeline.passes:
+        if isinstance(step, Pass):
+            specs += [getattr(step, f.name) for f in dataclasses.fields(step)
+                      if (d := declared(f)) is not None and d.dataset and getattr(step, f.name)]
+    return list(dict.fromkeys(specs))
+
+
+def check_data(pipeline: Pipeline) -> None:
+    """Check every dataset spec the pipeline's passes will read, so a missing one fails before the first pass.
+
+    Raises:
+        DataError: naming the spec and what is missing.
+    """
+    from optkit.data import check_available
+
+    for spec in _dataset_specs(pipeline):
+        check_available(spec)
+
+
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
              on_pass: Callable[[int, int, str], None] | None = None, export: str | None = None,
              latency: bool = False) -> dict[str, Any]:
@@ -64,7 +97,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
             at the pipeline's input shape, or a failing pass (``PassError``).
         ExportError: when the exported model does not verify (nothing is written).
     """
-    from optkit.passes.finetune.loop import is_main_process
+    from optkit.passes.finetune.distributed import is_main_process
 
     if export is not None and export not in EXPORT_FORMATS:
         raise OptkitError(f"unknown export format {export!r}; choose from {', '.join(EXPORT_FORMATS)}")
@@ -75,6 +108,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     # write is removed when its results are published (see StagedOutputs).
     out = prepare_output_dir(out_dir, OUTPUT_FILES + EXPORT_FILES, force=force) if main else None
     check_runs(loaded, pipeline.input_shape)
+    check_data(pipeline)
     # Measured now: the passes change the model in place.
     weights_before = weights_sizes(loaded.model) if export and main else None
     channels = {"before": layer_channels(loaded.model)}
@@ -90,7 +124,9 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
         files = {"model.pt": staged.path("model.pt").stat().st_size}
-        exported = _export_onnx(run.model, staged.path("model.onnx"), pipeline.input_shape, weights_before) if export else None
+        normalization = data_normalization(pipeline)
+        exported = _export_onnx(run.model, staged.path("model.onnx"), pipeline.input_shape, weights_before,
+                                onnx_metadata(normalization)) if export else None
         if exported is not None:
             files["model.onnx"] = exported["file_size"]
         source = Path(loaded.source)
@@ -100,12 +136,25 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         if exported is not None:
             report["export"] = exported
             report["notes"].extend(exported["notes"])
+        if normalization:
+            report["data"] = normalization
         if loaded.arch is None:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         plot = CHANNELS_PLOT if plot_channels(report, staged.path(CHANNELS_PLOT)) else None
         staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
+    _remember_architecture(loaded, out)
     return report
+
+
+def _remember_architecture(loaded: LoadedModel, out_dir: Path) -> None:
+    """Let later commands reload this run's ``model.pt`` of the user's own class without ``--arch`` again.
+
+    The architecture was confirmed when the model loaded (``--arch``, or a file
+    optkit remembered); see :mod:`optkit.io.confirmed`.
+    """
+    if loaded.arch is not None and not loaded.arch.spec.startswith("torchvision:"):
+        confirmed.remember(Path(out_dir) / "model.pt", loaded.arch.spec)
 
 
 def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
@@ -117,9 +166,21 @@ def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
     return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}
 
 
-def _export_onnx(model, path, input_shape: tuple[int, ...], weights_before: dict[str, int]) -> dict[str, Any]:
+def onnx_metadata(normalization: dict[str, dict[str, str]]) -> dict[str, str]:
+    """ONNX ``metadata_props`` naming the input normalization the model was trained or calibrated with.
+
+    Recorded only when the passes read one dataset spec, so the values are unambiguous.
+    """
+    if len(normalization) != 1:
+        return {}
+    ((spec, values),) = normalization.items()
+    return {"optkit.data": spec, "optkit.input_mean": values["mean"], "optkit.input_std": values["std"]}
+
+
+def _export_onnx(model, path, input_shape: tuple[int, ...], weights_before: dict[str, int],
+                 metadata: dict[str, str]) -> dict[str, Any]:
     """Export ``model`` to ``path`` and describe it for the report, with weight sizes before and after the passes."""
-    result = export_onnx(model, path, input_shape).to_dict()
+    result = export_onnx(model, path, input_shape, metadata=metadata or None).to_dict()
     result["path"] = os.path.basename(result["path"])
     after = weights_sizes(model)
     result["weights_before"], result["weights_after"] = weights_before, after

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,49 @@ from usernets import BranchyNet  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Each test gets its own optkit cache folder (confirmed architectures, measured tables), never ~/.cache."""
+    monkeypatch.setenv("OPTKIT_CACHE_DIR", str(tmp_path_factory.mktemp("optkit-cache")))
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+    yield
+
+
+LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+class NetworkAccess(AssertionError):
+    """A test reached for the network; optkit must never download anything."""
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch):
+    """Fail any test that downloads weights or opens a connection beyond this machine.
+
+    ``load_state_dict_from_url`` is patched where torch and torchvision hold it, since
+    a cached checkpoint would otherwise load without touching a socket.
+    """
+    import torch.hub
+    import torchvision.models._api
+
+    def refuse(*args, **kwargs):
+        raise NetworkAccess(f"network access attempted: {args[:1]}")
+
+    def connect(address, *args, **kwargs):
+        if address[0] not in LOOPBACK:
+            refuse(address)
+        return real_connect(address, *args, **kwargs)
+
+    real_connect = socket.create_connection
+    for owner in (torch.hub, torchvision.models._api):
+        monkeypatch.setattr(owner, "load_state_dict_from_url", refuse)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    monkeypatch.setattr(socket, "create_connection", connect)
     yield
 
 

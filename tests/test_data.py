@@ -1,4 +1,4 @@
-"""Tests for optkit/data.py: dataset specs and the measured DataLoader."""
+"""Tests for optkit/data/datasets.py: the readers, splits and normalization behind each dataset spec."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from optkit.data import datasets as data
 from optkit.core.errors import DataError
+from optkit.data import datasets as data
+from optkit.data.specs import DatasetInfo, dataset_info
 
 FMNIST = Path(data.FASHION_MNIST_DIR)
 requires_fmnist = pytest.mark.skipif(not (FMNIST / "train-images-idx3-ubyte.gz").exists(),
@@ -28,7 +29,7 @@ def test_fashion_mnist_splits_and_normalization():
     # Un-augmented images normalized with the dataset's statistics: mean ~0, std ~1.
     images = torch.stack([val[i][0] for i in range(2000)])
     assert abs(images.mean().item()) < 0.05 and abs(images.std().item() - 1.0) < 0.05
-    assert data.dataset_info("fashion-mnist") == data.DatasetInfo(10, 1, (28, 28), (0.2860,), (0.3530,))
+    assert dataset_info("fashion-mnist") == DatasetInfo(10, 1, (28, 28), (0.2860,), (0.3530,))
 
 
 @requires_fmnist
@@ -104,7 +105,7 @@ def test_synthetic_is_deterministic_and_shaped():
     assert len(ds) == 16 and ds[0][0].shape == (1, 8, 12)
     assert torch.equal(ds.images, again.images) and set(ds.labels.tolist()) <= {0, 1, 2}
     assert not torch.equal(ds.images, data.load_dataset("synthetic:16:1x8x12:3", "val").images)
-    assert data.dataset_info("synthetic:16:1x8x12:3").input_shape(4) == (4, 1, 8, 12)
+    assert dataset_info("synthetic:16:1x8x12:3").input_shape(4) == (4, 1, 8, 12)
     assert data.load_dataset("synthetic:4", "train")[0][0].shape == (3, 32, 32)
 
 
@@ -154,7 +155,7 @@ def _write_images(folder: Path, count: int, color: tuple[int, int, int]) -> None
 def test_image_folder_flat(tmp_path):
     _write_images(tmp_path / "cat", 10, (255, 0, 0))
     _write_images(tmp_path / "dog", 10, (0, 0, 255))
-    info = data.dataset_info(f"imagefolder:{tmp_path}")
+    info = dataset_info(f"imagefolder:{tmp_path}")
     assert (info.num_classes, info.channels, info.image_size) == (2, 3, (224, 224))
     train = data.load_dataset(f"imagefolder:{tmp_path}", "train")
     val = data.load_dataset(f"imagefolder:{tmp_path}", "val")
@@ -168,7 +169,7 @@ def test_image_folder_with_split_folders(tmp_path):
         _write_images(tmp_path / split / "a", 3, (10, 200, 10))
         _write_images(tmp_path / split / "b", 2, (200, 10, 10))
     assert len(data.load_dataset(f"imagefolder:{tmp_path}", "val")) == 5
-    assert data.dataset_info(f"imagefolder:{tmp_path}").num_classes == 2
+    assert dataset_info(f"imagefolder:{tmp_path}").num_classes == 2
 
 
 def test_image_folder_empty_or_missing(tmp_path):
@@ -178,50 +179,4 @@ def test_image_folder_empty_or_missing(tmp_path):
     with pytest.raises(DataError, match="no readable images"):
         data.load_dataset(f"imagefolder:{tmp_path}", "train")
     with pytest.raises(DataError, match="not found"):
-        data.dataset_info(f"imagefolder:{tmp_path / 'nope'}")
-
-
-def test_loader_autotune_picks_a_valid_setting():
-    ds = data.load_dataset("synthetic:512:1x28x28", "train")
-    loader = data.make_loader(ds, 64, shuffle=True, budget_s=2.0)
-    choice = loader.optkit_choice
-    assert choice.tuned and choice.num_workers in data.worker_candidates()
-    assert loader.num_workers == choice.num_workers
-    assert set(choice.batches_per_s) <= set(data.worker_candidates()) and 0 in choice.batches_per_s
-    assert loader.persistent_workers == (choice.num_workers > 0)
-    assert "measured" in choice.describe()
-    images, labels = next(iter(loader))
-    assert images.shape == (64, 1, 28, 28) and labels.shape == (64,)
-
-
-def test_loader_respects_an_explicit_worker_count():
-    ds = data.load_dataset("synthetic:64:1x8x8", "train")
-    loader = data.make_loader(ds, 16, num_workers=1, drop_last=True, seed=0)
-    assert loader.num_workers == 1 and not loader.optkit_choice.tuned and loader.optkit_choice.batches_per_s == {}
-    assert loader.persistent_workers and loader.prefetch_factor == 2 and not loader.pin_memory
-    assert sum(len(y) for _, y in loader) == 64
-
-
-def test_loader_pins_memory_for_cuda_only():
-    ds = data.load_dataset("synthetic:8:1x8x8", "train")
-    assert data.make_loader(ds, 4, num_workers=0, device="cuda").pin_memory
-    assert not data.make_loader(ds, 4, num_workers=0, device="cpu").pin_memory
-
-
-def test_loader_seed_makes_shuffling_reproducible():
-    ds = data.load_dataset("synthetic:32:1x4x4", "val")
-    first = [y for _, y in data.make_loader(ds, 8, shuffle=True, num_workers=0, seed=3)]
-    second = [y for _, y in data.make_loader(ds, 8, shuffle=True, num_workers=0, seed=3)]
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
-
-
-@pytest.mark.parametrize("bad", [-1, "many", 1.5, True])
-def test_loader_rejects_bad_worker_counts(bad):
-    with pytest.raises(ValueError, match="num_workers"):
-        data.make_loader(data.load_dataset("synthetic:4", "val"), 2, num_workers=bad)
-
-
-def test_pick_prefers_the_main_process_unless_workers_clearly_win():
-    assert data._pick({0: 100.0, 1: 110.0, 2: 120.0}) == 0
-    assert data._pick({0: 10.0, 1: 30.0, 2: 32.0}) == 1
-    assert data._pick({0: 10.0, 1: 15.0, 2: 40.0}) == 2
+        dataset_info(f"imagefolder:{tmp_path / 'nope'}")

@@ -177,3 +177,37 @@ def test_site_builds_strict(tmp_path):
                                 "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert (tmp_path / "site" / "index.html").is_file()
+
+
+# Options the prose names as "`--option` of `optkit COMMAND`": each must be an option of that command.
+PROSE_OPTION = re.compile(r"`(?P<option>--[\w-]+)[^`]*` of `optkit (?P<command>[\w-]+)`")
+
+
+def test_options_named_in_the_prose_exist():
+    from optkit.cli import main
+
+    found = []
+    for page in pages():
+        text = re.sub(r"\s+", " ", FENCE.sub("", page.read_text(encoding="utf-8")))
+        for match in PROSE_OPTION.finditer(text):
+            command = main.get_command(None, match["command"])
+            assert command is not None, f"{page_id(page)} names `optkit {match['command']}`, which does not exist"
+            options = {opt for param in command.params for opt in getattr(param, "opts", [])}
+            assert match["option"] in options, (f"{page_id(page)}: `{match['option']}` is not an option of "
+                                                f"`optkit {match['command']}` ({', '.join(sorted(options))})")
+            found.append(match.group(0))
+    assert "`--train-amp` of `optkit finetune`" in found
+
+
+def test_getting_started_quotes_what_inspect_prints():
+    from optkit.cli import main
+
+    page = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    command = "optkit inspect torchvision:resnet18 --num-classes 10 --input-shape 1,3,64,64"
+    assert command in page
+    result = CliRunner().invoke(main, shlex.split(command)[1:], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = [line.strip() for line in result.output.splitlines() if "structured prune" in line.lower()]
+    assert summary, f"`{command}` no longer says which layers a structured prune leaves alone:\n{result.output}"
+    prose = re.sub(r"\s+", " ", page)
+    assert all(f"`{line}`" in prose for line in summary), f"getting-started.md should quote {summary}"

@@ -308,6 +308,66 @@ def test_fp16_weights_halve_the_file_and_keep_fp32_io(tmp_path):
     assert {i.data_type for i in graph.initializer if i.dims} == {onnx.TensorProto.FLOAT16}
 
 
+def _initializer_types(path) -> set[int]:
+    return {i.data_type for i in onnx.load(str(path)).graph.initializer if i.dims}
+
+
+def test_fp16_with_simplify_still_stores_fp16_weights(tmp_path):
+    torch.manual_seed(0)
+    model = torchvision.models.squeezenet1_1(num_classes=10)
+    full = export_onnx(model, tmp_path / "fp32.onnx", SMALL, simplify=True)
+    half = export_onnx(model, tmp_path / "fp16.onnx", SMALL, fp16=True, simplify=True)
+    assert half.fp16 and half.simplified and all(v.passed for v in half.verification)
+    assert _initializer_types(tmp_path / "fp16.onnx") == {onnx.TensorProto.FLOAT16}
+    assert 0.45 < half.file_size / full.file_size < 0.55
+
+
+def test_fp16_file_that_kept_float32_weights_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "_store_weights_fp16", lambda proto: None)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+    with pytest.raises(ExportError, match=r"fp16 was asked but the written file stores 2 float32 initializer"):
+        export_onnx(model, tmp_path / "m.onnx", (1, 3, 8, 8), fp16=True, exporter="torchscript")
+    assert os.listdir(tmp_path) == []
+
+
+def test_fp16_default_tolerance_is_two_percent_of_the_output_scale(tmp_path, monkeypatch):
+    # Outputs near 100: ONNX Runtime's shifted by 1 (1%) pass the documented 2e-2, by 3 (3%) are refused.
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    with torch.no_grad():
+        model[1].bias.fill_(100.0)
+    real_run = ort.InferenceSession.run
+
+    def shifted(shift):
+        return lambda self, *a, **k: [out + np.float32(shift) for out in real_run(self, *a, **k)]
+
+    monkeypatch.setattr(ort.InferenceSession, "run", shifted(1.0))
+    result = export_onnx(model, tmp_path / "ok.onnx", (1, 3, 2, 2), fp16=True, exporter="torchscript")
+    for check in result.verification:
+        assert check.tolerance == pytest.approx(0.02 * check.max_abs_ref, rel=1e-9)
+        assert 95 < check.max_abs_ref < 105
+    monkeypatch.setattr(ort.InferenceSession, "run", shifted(3.0))
+    with pytest.raises(ExportError, match=r"rtol 0.02 "):
+        export_onnx(model, tmp_path / "bad.onnx", (1, 3, 2, 2), fp16=True, exporter="torchscript")
+
+
+def test_metadata_is_written_as_metadata_props(tmp_path):
+    metadata = {"optkit.mean": "0.286", "optkit.std": "0.353"}
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+    result = export_onnx(model, tmp_path / "m.onnx", (1, 3, 8, 8), fp16=True, simplify=True, metadata=metadata)
+    assert result.metadata == metadata
+    assert {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props} == metadata
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    assert session.get_modelmeta().custom_metadata_map == metadata
+    export_onnx(model, tmp_path / "plain.onnx", (1, 3, 8, 8))
+    assert list(onnx.load(str(tmp_path / "plain.onnx")).metadata_props) == []
+
+
+def test_metadata_must_be_strings(tmp_path):
+    with pytest.raises(ValueError, match="metadata must map strings to strings"):
+        export_onnx(nn.Flatten(), tmp_path / "m.onnx", (1, 3, 2, 2), metadata={"mean": 0.5})
+    assert os.listdir(tmp_path) == []
+
+
 def test_static_batch_fixes_the_batch_dimension(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
     result = export_onnx(model, tmp_path / "m.onnx", (2, 3, 8, 8), dynamic_batch=False)

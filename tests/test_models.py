@@ -113,3 +113,52 @@ def test_unimportable_user_class(tmp_path):
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "w.pt")
     with pytest.raises(ModelLoadError, match="cannot import no_such_pkg.mod:Net"):
         load(tmp_path / "w.pt", arch="no_such_pkg.mod:Net")
+
+
+DOWNLOADING_BUILDERS = ["ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn",
+                        "lraspp_mobilenet_v3_large"]
+
+
+def test_the_network_guard_catches_a_default_backbone_download():
+    # torchvision's own default (weights_backbone=ImageNet) must trip conftest's guard,
+    # or the test below could not fail.
+    with pytest.raises(AssertionError, match="network access attempted"):
+        torchvision.models.get_model("lraspp_mobilenet_v3_large", weights=None)
+
+
+@pytest.mark.parametrize("name", DOWNLOADING_BUILDERS)
+def test_detection_and_segmentation_models_build_without_downloading(name):
+    loaded = load(f"torchvision:{name}", num_classes=3)
+    model = loaded.model.eval()
+    with torch.no_grad():
+        output = model([torch.rand(3, 96, 96)]) if "rcnn" in name or "ssd" in name else model(torch.rand(1, 3, 64, 64))
+    if isinstance(output, list):
+        assert set(output[0]) == {"boxes", "scores", "labels"}
+    else:
+        assert output["out"].shape == (1, 3, 64, 64)
+
+
+def _mismatch_error(tmp_path, arch, **kwargs) -> str:
+    torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), tmp_path / "w.pt")
+    with pytest.raises(ModelLoadError) as caught:
+        load(tmp_path / "w.pt", arch=arch, **kwargs)
+    return str(caught.value)
+
+
+def test_wrong_arch_is_one_short_line_with_counts(tmp_path):
+    message = _mismatch_error(tmp_path, "torchvision:resnet50")
+    model_keys = torchvision.models.resnet50().state_dict()
+    file_keys = torchvision.models.resnet18(num_classes=10).state_dict()
+    expected, found = set(model_keys), set(file_keys)
+    shared_misshaped = sum(model_keys[k].shape != file_keys[k].shape for k in expected & found)
+    assert "\n" not in message and len(message) < 400, message
+    assert (f"{len(expected - found)} missing, {len(found - expected)} unexpected and "
+            f"{shared_misshaped} mis-shaped keys") in message
+    assert "--arch" in message and "--num-classes" in message
+
+
+def test_wrong_num_classes_names_the_mis_shaped_classifier(tmp_path):
+    message = _mismatch_error(tmp_path, "torchvision:resnet18", num_classes=7)
+    assert "\n" not in message and len(message) < 400, message
+    assert "0 missing, 0 unexpected and 2 mis-shaped keys" in message
+    assert "fc.weight: file 10x512, model 7x512" in message

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from torch import nn
 
 from optkit import workflow
 from optkit.analysis.metrics import ModelStats
 from optkit.io.models import ArchSpec, LoadedModel
-from optkit.passes.prune.passes import L1Unstructured, StructuredPrune
+from optkit.passes.prune.passes import UNSTRUCTURED_NOTE, L1Unstructured, StructuredPrune
 from optkit.core.pipeline import Pipeline, PassRecord, PipelineRun
 from optkit.analysis.report import (
     NO_LATENCY_NOTE,
-    UNSTRUCTURED_NOTE,
     build_report,
     plot_channels,
     print_report,
@@ -98,8 +98,11 @@ def test_noisy_latency_is_noted():
 
 def test_unstructured_note_and_unchanged_channels():
     channels = {"before": {"conv": 64}, "after": {"conv": 64}}
-    report = build_report(fake_run("l1_unstructured"), model="m", input_shape=(1, 3, 8, 8), channels=channels)
-    assert UNSTRUCTURED_NOTE in report["notes"]
+    model = nn.Sequential(nn.Conv2d(3, 64, 3), nn.Flatten(), nn.LazyLinear(4))
+    model(torch.zeros(1, 3, 8, 8))
+    run = Pipeline([L1Unstructured(ratio=0.5)], input_shape=(1, 3, 8, 8)).run(model)
+    report = build_report(run, model="m", input_shape=(1, 3, 8, 8), channels=channels)
+    assert report["notes"].count(UNSTRUCTURED_NOTE) == 1
     assert "No layer changed its output channels (1 conv/linear layers)." in to_markdown(report)
 
 

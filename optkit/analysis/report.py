@@ -7,11 +7,6 @@ from typing import Any
 
 from optkit.core.pipeline import PipelineRun
 
-UNSTRUCTURED_NOTE = (
-    "Unstructured pruning zeroes weights but keeps every tensor dense: dense kernels "
-    "(PyTorch, ONNX Runtime) run no faster and the file is no smaller uncompressed. "
-    "Use structured pruning for speed; zeros only shrink a compressed file."
-)
 NO_LATENCY_NOTE = (
     "Latency was not measured in this run: fewer MACs do not always mean proportionally "
     "less time. Time both models with `optkit bench --compare ORIGINAL model.pt`."
@@ -84,21 +79,30 @@ def _layer_rows(channels: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
 
 
 def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
-    names = [r.name for r in run.records]
-    notes = []
-    if "l1_unstructured" in names:
-        notes.append(UNSTRUCTURED_NOTE)
+    """The report's notes: what each pass said (``details["notes"]``), then what the figures show."""
+    notes = [str(note) for record in run.records for note in record.details.get("notes", ())]
     for name, layers in skipped_layers(report).items():
         notes.append(f"{name} left {len(layers)} layer(s) untouched (listed under Skipped layers in report.md)")
-    if "structured_prune" in names and report["ratios"]["macs"] is not None and report["ratios"]["macs"] > 0.95:
-        notes.append("structured pruning removed under 5% of the MACs: most channels were protected "
-                     "(classifier, attention, ignored layers) or the ratio was small")
+    notes += _small_channel_cuts(run)
     if "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
         notes.append(NO_LATENCY_NOTE)
     spreads = [t.get("spread", 1.0) for t in (report.get("latency") or {}).values() if isinstance(t, dict)]
     if spreads and max(spreads) > 1.2:
         notes.append(f"the latency figures are noisy (p90 / median up to {max(spreads):.2f}): other work was "
                      "competing for the machine; re-time with `optkit bench --compare` on a quiet machine")
+    return notes
+
+
+def _small_channel_cuts(run: PipelineRun) -> list[str]:
+    """A note for each pass that promises fewer MACs (``details["ratio"]`` > 0) yet removed under 5% of them."""
+    notes = []
+    macs = run.before.macs if run.before is not None else None
+    for record in run.records:
+        after = record.stats.macs if record.stats is not None else None
+        if macs and after is not None and (record.details.get("ratio") or 0) > 0 and after / macs > 0.95:
+            notes.append(f"{record.name} removed under 5% of the MACs: most channels were protected "
+                         "(classifier, attention, ignored layers) or the ratio was small")
+        macs = after if after is not None else macs
     return notes
 
 

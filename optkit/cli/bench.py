@@ -64,7 +64,7 @@ def _run(spec: str, options: dict[str, Any]):
     from optkit.io import models
 
     loaded = models.load(spec, arch=options["arch"], num_classes=options["num_classes"], trust=options["trust"])
-    shape = options["input_shape"] or models.default_input_shape(spec)
+    shape = options["input_shape"] or models.infer_input_shape(loaded)
     results = []
     for engine in dict.fromkeys(options["engines"] or ("torch",)):
         run = bench.bench_torch if engine == "torch" else bench.bench_exported

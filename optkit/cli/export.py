@@ -33,7 +33,7 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     if Path(onnx_path).exists() and not force:
         raise OptkitError(f"{onnx_path} already exists; pass --force to overwrite it or choose another --onnx path")
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
-    shape = input_shape or models.default_input_shape(model)
+    shape = input_shape or models.infer_input_shape(loaded)
     workflow.check_runs(loaded, shape)
     result = export_onnx(loaded.model, onnx_path, shape, **settings.export_kwargs())
     checks = ", ".join(f"batch {v.batch_size}: max |diff| {v.max_abs_diff:.2g} <= {v.tolerance:.2g}" for v in result.verification)

@@ -26,7 +26,7 @@ def inspect_command(model: str, input_shape, num_classes, arch, trust, all_layer
     from optkit.analysis.model_info import inspect_model
 
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
-    shape = input_shape or models.default_input_shape(model)
+    shape = input_shape or models.infer_input_shape(loaded)
     inspection = inspect_model(loaded.model, shape)
     if as_json:
         click.echo(json.dumps({"model": model, **inspection.to_dict()}, indent=2))

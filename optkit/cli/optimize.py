@@ -56,13 +56,14 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     from optkit.passes.finetune.distributed import init_distributed, is_main_process
 
     console = Console(stderr=True)
-    pipeline = _pipeline(model, recipe_path, input_shape, flags, generic_passes)
+    pipeline = _pipeline(recipe_path, input_shape, flags, generic_passes)
     init_distributed()
     show_epoch_lines()
     with console.status(f"loading {model}"):
         loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
-    if input_shape is None and recipe_path is None and flags.get("finetune"):
-        pipeline.input_shape = _run.data_input_shape(loaded.model, flags["finetune"])
+    if not pipeline.input_shape_given:
+        pipeline.input_shape = (_run.data_input_shape(loaded.model, flags["finetune"]) if flags.get("finetune")
+                                else models.infer_input_shape(loaded))
     finetune_run_options(pipeline, out_dir, resume=bool(flags.get("resume")))
 
     def on_pass(index: int, total: int, name: str) -> None:
@@ -76,9 +77,8 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
         click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot} to {out_dir}")
 
 
-def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...]):
+def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...]):
     from optkit.core.pipeline import Pipeline
-    from optkit.io.models import default_input_shape
 
     entries = pass_entries_from_flags(flags, generic)
     if recipe_path is not None:
@@ -86,12 +86,14 @@ def _pipeline(model: str, recipe_path: str | None, input_shape, flags: dict[str,
             raise click.UsageError("give either --recipe or pass flags such as --prune, not both")
         pipeline = Pipeline.load(recipe_path)
         if input_shape is not None:
-            pipeline.input_shape = input_shape
+            pipeline.input_shape, pipeline.input_shape_given = input_shape, True
         return pipeline
     if not entries:
         raise click.UsageError("nothing to do: give --prune RATIO, --target-macs FRACTION, --finetune SPEC (or another "
                                "pass flag, or --pass NAME) or --recipe FILE")
-    data: dict[str, Any] = {"input_shape": list(input_shape or default_input_shape(model)), "pass": entries}
+    data: dict[str, Any] = {"pass": entries}
+    if input_shape is not None:
+        data["input_shape"] = list(input_shape)
     if flags.get("device") is not None:
         data["device"] = flags["device"]
     return Pipeline.from_dict(data, source="command-line flags")

@@ -81,6 +81,8 @@ class Pipeline:
         for index, step in enumerate(self.passes, start=1):
             if not isinstance(step, Pass) and not callable(step):
                 raise TypeError(f"pipeline step {index} is a {type(step).__name__}, not a Pass or a callable model -> model")
+        #: Whether the input shape was given (else it may be inferred from the model, see ``optkit optimize``).
+        self.input_shape_given = input_shape is not None
         self.input_shape = check_input_shape(input_shape) or DEFAULT_INPUT_SHAPE
         self.device = check_device(device)
 

@@ -50,13 +50,14 @@ class Setting:
     metavar: str | None = None
     example: Any = None
     accepts: str | None = None
+    dataset: bool = False
 
 
 def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | None = None,
             low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False,
             also: tuple[str, ...] = (), check: Callable[[Any], Any] | None = None, recipe: bool = True,
             flag: str | None = None, enables: bool = False, metavar: str | None = None, example: Any = None,
-            default_factory: Any = MISSING, compare: bool = True, repr: bool = True) -> Any:
+            dataset: bool = False, default_factory: Any = MISSING, compare: bool = True, repr: bool = True) -> Any:
     """Declare a dataclass field as a setting.
 
     Args:
@@ -72,6 +73,7 @@ def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | Non
         enables: giving the flag adds the pass to a pipeline built from flags.
         metavar: the option's metavar in ``--help``.
         example: a valid value for a required setting (used by docs and the contract tests).
+        dataset: the value is a dataset spec, checked to be readable before any pass runs.
         default_factory, compare, repr: as for :func:`dataclasses.field`.
 
     Returns:
@@ -79,7 +81,7 @@ def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | Non
     """
     declared = Setting(help=help, choices=tuple(choices) if choices else None, low=low, high=high,
                        low_open=low_open, high_open=high_open, also=tuple(also), check=check, recipe=recipe,
-                       flag=flag, enables=enables, metavar=metavar, example=example)
+                       flag=flag, enables=enables, metavar=metavar, example=example, dataset=dataset)
     kwargs: dict[str, Any] = {"metadata": {_KEY: declared}, "compare": compare, "repr": repr}
     if default_factory is not MISSING:
         kwargs["default_factory"] = default_factory
@@ -138,7 +140,7 @@ WORKERS_HELP = "DataLoader worker processes, an integer >= 0, or auto (chosen by
 
 def calib_data_setting(**changes: Any) -> Any:
     """The ``data`` field of a pass that reads calibration batches (the ``--calib-data`` option)."""
-    return setting(None, **{"help": DATA_HELP, "flag": "calib-data", "metavar": "SPEC", **changes})
+    return setting(None, **{"help": DATA_HELP, "flag": "calib-data", "metavar": "SPEC", "dataset": True, **changes})
 
 
 def workers_setting(default: int | str = 0) -> Any:

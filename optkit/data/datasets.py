@@ -1,21 +1,9 @@
-"""Dataset specs -> torch Datasets, and a DataLoader whose worker count is chosen by measurement.
-
-Specs (one string names a dataset everywhere: CLI, recipes, Python):
-
-* ``fashion-mnist`` or ``fashion-mnist:DIR`` — the idx ``.gz`` files of Debian's
-  ``dataset-fashion-mnist`` (default ``/usr/share/datasets/fashion-mnist/``),
-  decoded directly into memory;
-* ``mnist:DIR`` / ``cifar10:DIR`` — torchvision's datasets under ``DIR``
-  (never downloaded);
-* ``imagefolder:DIR`` — torchvision ``ImageFolder``; ``DIR`` holds one folder
-  per class, or ``train/``, ``val/`` and ``test/`` folders that each do;
-* ``synthetic:N[:CxHxW[:K]]`` — ``N`` deterministic images per split of shape
-  ``C×H×W`` (default ``3x32x32``) in ``K`` classes (default 10), each class a
-  fixed random pattern plus noise, so a model can learn it. For tests.
+"""Datasets behind the specs of :mod:`optkit.data.specs`: readers, ``TensorImageDataset`` and :func:`load_dataset`.
 
 Splits: ``train`` (augmented), ``val`` (held out of the training files,
-the same images for a given ``seed``) and ``test``. Images are normalized with
-the dataset's own statistics unless ``mean``/``std`` are given.
+the same images for a given ``seed``) and ``test``. Images are normalized as
+the spec says (its ``?mean=...&std=...`` query, else the dataset's own
+statistics) unless ``mean``/``std`` are passed to :func:`load_dataset`.
 
 In-memory datasets (Fashion-MNIST, MNIST, CIFAR-10, synthetic) keep uint8
 tensors and transform a whole batch at once with array ops (no PIL), so
@@ -25,32 +13,24 @@ loading a batch costs about a millisecond and needs no worker processes.
 from __future__ import annotations
 
 import gzip
-import logging
-import os
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 import torch
-from torch.utils.data import DataLoader, Dataset
+from numpy.lib.stride_tricks import sliding_window_view
+from torch.utils.data import Dataset
 
 from optkit.core.errors import DataError
-
-log = logging.getLogger(__name__)
+from optkit.data.specs import (IMAGEFOLDER_SIZE, KNOWN, dataset_info, folder_classes, parse_spec, per_channel,
+                               synthetic_args)
 
 SPLITS = ("train", "val", "test")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_HINT = "install it with `apt-get install dataset-fashion-mnist` or give fashion-mnist:DIR"
 #: Images held out of the training files for the ``val`` split (at most a tenth of them).
 VAL_SIZE = 5000
-IMAGEFOLDER_SIZE = 224
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _FMNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -58,44 +38,6 @@ _FMNIST_FILES = {
 }
 _IDX_IMAGES_MAGIC = 2051
 _IDX_LABELS_MAGIC = 2049
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What a model needs to know about a dataset.
-
-    Attributes:
-        num_classes: number of labels.
-        channels: image channels (1 for grey, 3 for RGB).
-        image_size: ``(height, width)`` of the images the dataset yields.
-        mean: per-channel normalization mean used by default.
-        std: per-channel normalization std used by default.
-    """
-
-    num_classes: int
-    channels: int
-    image_size: tuple[int, int]
-    mean: tuple[float, ...] = ()
-    std: tuple[float, ...] = ()
-
-    def input_shape(self, batch: int = 1) -> tuple[int, int, int, int]:
-        """The model input shape ``(batch, C, H, W)``."""
-        return (batch, self.channels, *self.image_size)
-
-
-@dataclass(frozen=True)
-class _Known:
-    info: DatasetInfo
-    pad: int
-    flip: bool
-
-
-_KNOWN = {
-    "fashion-mnist": _Known(DatasetInfo(10, 1, (28, 28), (0.2860,), (0.3530,)), pad=2, flip=True),
-    "mnist": _Known(DatasetInfo(10, 1, (28, 28), (0.1307,), (0.3081,)), pad=2, flip=False),
-    "cifar10": _Known(DatasetInfo(10, 3, (32, 32), (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-                      pad=4, flip=True),
-}
 
 
 class TensorImageDataset(Dataset):
@@ -121,8 +63,8 @@ class TensorImageDataset(Dataset):
         self.images = images
         self.labels = labels.long()
         channels = images.shape[1]
-        self.mean = _per_channel(mean, channels, "mean")
-        self.std = _per_channel(std, channels, "std")
+        self.mean = np.asarray(per_channel(mean, channels, "mean"), dtype=np.float32)[:, None, None]
+        self.std = np.asarray(per_channel(std, channels, "std"), dtype=np.float32)[:, None, None]
         self._images = images.numpy()
         self._scale = 1.0 / (255.0 * self.std)
         self._offset = self.mean / self.std
@@ -154,17 +96,6 @@ class TensorImageDataset(Dataset):
         return list(zip(torch.from_numpy(x).unbind(0), self.labels[torch.from_numpy(index)].unbind(0)))
 
 
-def _per_channel(values: Sequence[float] | float, channels: int, what: str) -> np.ndarray:
-    values = [float(values)] if isinstance(values, (int, float)) else [float(v) for v in values]
-    if len(values) == 1:
-        values = values * channels
-    if len(values) != channels:
-        raise DataError(f"{what} needs 1 or {channels} values for {channels}-channel images, got {len(values)}")
-    if what == "std" and any(v <= 0 for v in values):
-        raise DataError(f"std values must be positive, got {values}")
-    return np.asarray(values, dtype=np.float32)[:, None, None]
-
-
 def _random_crop(batch: np.ndarray, pad: int) -> np.ndarray:
     n, _, h, w = batch.shape
     padded = np.pad(batch, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
@@ -172,49 +103,15 @@ def _random_crop(batch: np.ndarray, pad: int) -> np.ndarray:
     return sliding_window_view(padded, (h, w), axis=(2, 3))[np.arange(n), :, dy, dx]
 
 
-# --- specs ---------------------------------------------------------------------------------------
-
-
-def parse_spec(spec: str) -> tuple[str, str]:
-    """Split a dataset spec into ``(kind, argument)``.
-
-    Raises:
-        DataError: for an unknown kind or a missing argument.
-    """
-    kind, _, arg = str(spec).partition(":")
-    kinds = ("fashion-mnist", "imagefolder", "mnist", "cifar10", "synthetic")
-    if kind not in kinds:
-        raise DataError(f"unknown dataset spec {spec!r}; use one of: fashion-mnist[:DIR], imagefolder:DIR, "
-                        "mnist:DIR, cifar10:DIR, synthetic:N[:CxHxW[:K]]")
-    if kind != "fashion-mnist" and not arg:
-        raise DataError(f"dataset spec {spec!r} needs an argument, e.g. {kind}:{'64' if kind == 'synthetic' else 'DIR'}")
-    return kind, arg
-
-
-def dataset_info(spec: str) -> DatasetInfo:
-    """Classes, channels and image size of the dataset ``spec`` names, without loading its images.
-
-    Raises:
-        DataError: for a bad spec, or an image folder that is missing or empty.
-    """
-    kind, arg = parse_spec(spec)
-    if kind in _KNOWN:
-        return _KNOWN[kind].info
-    if kind == "synthetic":
-        _, channels, size, classes = _synthetic_args(arg)
-        return DatasetInfo(classes, channels, size, (0.5,) * channels, (0.25,) * channels)
-    return DatasetInfo(len(_folder_classes(arg)), 3, (IMAGEFOLDER_SIZE, IMAGEFOLDER_SIZE), IMAGENET_MEAN, IMAGENET_STD)
-
-
 def load_dataset(spec: str, split: str = "train", *, mean: Sequence[float] | float | None = None,
                  std: Sequence[float] | float | None = None, seed: int = 0, augment: bool | None = None) -> Dataset:
     """The ``split`` of the dataset ``spec`` names, as a map-style Dataset of ``(image, label)``.
 
     Args:
-        spec: a dataset spec (see the module docstring).
+        spec: a dataset spec (see :mod:`optkit.data.specs`), e.g. ``fashion-mnist?mean=0&std=1``.
         split: ``train``, ``val`` (held out of the training files) or ``test``.
-        mean: normalization mean override (one value or one per channel).
-        std: normalization std override.
+        mean: normalization mean (one value or one per channel), over the spec's query.
+        std: normalization std, over the spec's query.
         seed: chooses which training images are held out for ``val``.
         augment: random crop/flip; by default on for ``train`` only.
 
@@ -227,7 +124,8 @@ def load_dataset(spec: str, split: str = "train", *, mean: Sequence[float] | flo
     """
     if split not in SPLITS:
         raise DataError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
-    kind, arg = parse_spec(spec)
+    parsed = parse_spec(spec)
+    kind, arg = parsed.kind, parsed.arg
     info = dataset_info(spec)
     augment = split == "train" if augment is None else augment
     mean = info.mean if mean is None else mean
@@ -238,7 +136,7 @@ def load_dataset(spec: str, split: str = "train", *, mean: Sequence[float] | flo
         images, labels = _synthetic(arg, split)
     else:
         images, labels = _split_arrays(_read_arrays(kind, arg, "test" if split == "test" else "train"), split, seed)
-    known = _KNOWN.get(kind)
+    known = KNOWN.get(kind)
     pad = (known.pad if known else 2) if augment else 0
     flip = bool(known.flip if known else True) and augment
     return TensorImageDataset(images, labels, mean=mean, std=std, pad=pad, flip=flip)
@@ -252,6 +150,23 @@ def _split_arrays(arrays: tuple[torch.Tensor, torch.Tensor], split: str, seed: i
     held = max(1, min(VAL_SIZE, len(images) // 10))
     chosen = order[:held] if split == "val" else order[held:].sort().values
     return images[chosen], labels[chosen]
+
+
+def check_available(spec: str) -> None:
+    """Check, without reading the images, that the dataset ``spec`` names is there (called before any pass runs).
+
+    Raises:
+        DataError: for a malformed spec, or files or folders that are missing.
+    """
+    dataset_info(spec)
+    parsed = parse_spec(spec)
+    if parsed.kind == "fashion-mnist":
+        directory = Path(parsed.arg or FASHION_MNIST_DIR)
+        missing = [name for names in _FMNIST_FILES.values() for name in names if not (directory / name).is_file()]
+        if missing:
+            raise DataError(f"Fashion-MNIST file {directory / missing[0]} not found; {FASHION_MNIST_HINT}")
+    elif parsed.kind in KNOWN and not Path(parsed.arg).is_dir():
+        raise DataError(f"{parsed.kind} folder {parsed.arg!r} not found; give {parsed.kind}:DIR with torchvision's files")
 
 
 def _read_arrays(kind: str, arg: str, files: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,23 +221,8 @@ def _read_torchvision(kind: str, root: str, train: bool) -> tuple[torch.Tensor, 
     return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets, dtype=torch.long)
 
 
-def _synthetic_args(arg: str) -> tuple[int, int, tuple[int, int], int]:
-    parts = arg.split(":")
-    try:
-        n = int(parts[0])
-        c, h, w = (int(v) for v in parts[1].split("x")) if len(parts) > 1 else (3, 32, 32)
-        k = int(parts[2]) if len(parts) > 2 else 10
-        ok = len(parts) <= 3 and min(n, c, h, w) > 0 and k >= 2
-    except ValueError:
-        ok = False
-    if not ok:
-        raise DataError(f"bad synthetic spec 'synthetic:{arg}'; use synthetic:N[:CxHxW[:K]], "
-                        "e.g. synthetic:64:3x32x32:10 (positive sizes, K >= 2 classes)")
-    return n, c, (h, w), k
-
-
 def _synthetic(arg: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    n, c, (h, w), k = _synthetic_args(arg)
+    n, c, (h, w), k = synthetic_args(arg)
     patterns = torch.randint(0, 256, (k, c, h, w), generator=torch.Generator().manual_seed(1234))
     g = torch.Generator().manual_seed(SPLITS.index(split) + 1)
     labels = torch.randint(0, k, (n,), generator=g)
@@ -331,21 +231,10 @@ def _synthetic(arg: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels
 
 
-def _folder_classes(directory: str) -> list[str]:
-    root = Path(directory)
-    if not root.is_dir():
-        raise DataError(f"image folder {directory} not found; give imagefolder:DIR with one sub-folder per class")
-    base = root / "train" if (root / "train").is_dir() else root
-    classes = sorted(p.name for p in base.iterdir() if p.is_dir())
-    if not classes:
-        raise DataError(f"image folder {base} has no class sub-folders; put images in DIR/CLASS_NAME/*.jpg")
-    return classes
-
-
 def _image_folder(directory: str, split: str, mean, std, seed: int, augment: bool) -> Dataset:
     from torchvision import datasets, transforms
 
-    _folder_classes(directory)
+    folder_classes(directory)
     size = IMAGEFOLDER_SIZE
     if augment:
         steps = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
@@ -365,144 +254,3 @@ def _image_folder(directory: str, split: str, mean, std, seed: int, augment: boo
     order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed)).tolist()
     held = max(1, len(ds) // 10)
     return torch.utils.data.Subset(ds, sorted(order[held:]) if split == "train" else order[:held])
-
-
-# --- loader --------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoaderChoice:
-    """What :func:`make_loader` chose and why.
-
-    Attributes:
-        num_workers: worker processes (0: load in the main process).
-        pin_memory: page-locked host memory (on for CUDA).
-        persistent_workers: keep workers alive between epochs.
-        prefetch_factor: batches each worker loads ahead (``None`` without workers).
-        tuned: whether ``num_workers`` was chosen by measurement.
-        batches_per_s: measured loading rate per candidate worker count.
-    """
-
-    num_workers: int
-    pin_memory: bool
-    persistent_workers: bool
-    prefetch_factor: int | None
-    tuned: bool
-    batches_per_s: dict[int, float] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        """One line for logs and reports."""
-        how = "measured" if self.tuned else "given"
-        rates = ", ".join(f"{w}: {r:.0f}" for w, r in self.batches_per_s.items())
-        tail = f" (batches/s by workers: {rates})" if rates else ""
-        return f"num_workers={self.num_workers} ({how}), pin_memory={self.pin_memory}{tail}"
-
-
-#: Seconds spent timing all candidate worker counts together.
-TUNE_BUDGET_S = 3.0
-#: Batches timed per candidate after one warm-up batch.
-TUNE_BATCHES = 12
-#: A worker count must load this much faster than the main process to be chosen:
-#: workers share the CPU cores with the training step, which the timing does not see.
-WORKER_MARGIN = 1.25
-
-
-def worker_candidates() -> list[int]:
-    """Worker counts tried by the tuner: 0, 1, 2, 4, ... up to the usable CPU cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    candidates, n = [0], 1
-    while n <= cores:
-        candidates.append(n)
-        n *= 2
-    return candidates
-
-
-def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = False, num_workers: int | str = "auto",
-                device: str | torch.device | None = None, drop_last: bool = False, sampler: Any = None,
-                seed: int | None = None, budget_s: float = TUNE_BUDGET_S) -> DataLoader:
-    """A DataLoader with ``num_workers`` chosen by timing a few batches per candidate.
-
-    Each candidate in :func:`worker_candidates` loads a few batches within
-    ``budget_s`` seconds in all; the fewest workers whose rate is within reach of
-    the best wins, and a worker count must beat loading in the main process by
-    :data:`WORKER_MARGIN`. Memory is pinned when ``device`` is CUDA; workers
-    persist between epochs and prefetch 2 batches each. The choice is logged
-    and kept on the loader as ``loader.optkit_choice`` (a :class:`LoaderChoice`).
-
-    Args:
-        dataset: a map-style dataset.
-        batch_size: samples per batch.
-        shuffle: reshuffle every epoch (ignored when ``sampler`` is given).
-        num_workers: ``"auto"`` to measure, or an explicit count that always wins.
-        device: where batches go; CUDA turns on ``pin_memory``.
-        drop_last: drop the last incomplete batch.
-        sampler: a custom sampler (e.g. ``DistributedSampler``).
-        seed: seeds the shuffling order for reproducible epochs.
-        budget_s: time budget for the measurement.
-
-    Returns:
-        the configured DataLoader, with ``optkit_choice`` attached.
-
-    Raises:
-        ValueError: for a non-positive batch size or a bad ``num_workers``.
-    """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0):
-        raise ValueError(f"num_workers must be 'auto' or an integer >= 0, got {num_workers!r}")
-    pin = torch.device(device).type == "cuda" if device is not None else False
-    rates: dict[int, float] = {}
-    if num_workers == "auto":
-        rates = _time_candidates(dataset, batch_size, pin, budget_s)
-        workers = _pick(rates)
-    else:
-        workers = num_workers
-    choice = LoaderChoice(workers, pin, workers > 0, 2 if workers > 0 else None, num_workers == "auto", rates)
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
-                        num_workers=workers, pin_memory=pin, drop_last=drop_last, generator=generator,
-                        persistent_workers=choice.persistent_workers, prefetch_factor=choice.prefetch_factor)
-    loader.optkit_choice = choice
-    log.info("data loader: %s", choice.describe())
-    return loader
-
-
-def _pick(rates: dict[int, float]) -> int:
-    baseline = rates.get(0, 0.0)
-    best = max(rates, key=lambda w: rates[w])
-    if best == 0 or rates[best] < WORKER_MARGIN * baseline:
-        return 0
-    # Fewest workers within 10% of the best: extra workers only take cores from the training step.
-    return min(w for w, r in rates.items() if r >= 0.9 * rates[best])
-
-
-def _time_candidates(dataset: Dataset, batch_size: int, pin: bool, budget_s: float) -> dict[int, float]:
-    candidates = worker_candidates()
-    batches = max(2, min(TUNE_BATCHES + 1, len(dataset) // batch_size))
-    rates: dict[int, float] = {}
-    deadline = time.perf_counter() + budget_s
-    for workers in candidates:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            break
-        sampler = torch.utils.data.RandomSampler(dataset, num_samples=min(len(dataset), batches * batch_size),
-                                                 generator=torch.Generator().manual_seed(0))
-        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
-                            prefetch_factor=2 if workers else None)
-        rates[workers] = _batches_per_second(loader, time.perf_counter() + remaining / (len(candidates) - len(rates)))
-    return rates
-
-
-def _batches_per_second(loader: DataLoader, stop_at: float) -> float:
-    iterator = iter(loader)
-    try:
-        next(iterator)  # the warm-up batch pays worker start-up, which persistent workers pay once
-        start, count = time.perf_counter(), 0
-        for _ in iterator:
-            count += 1
-            if time.perf_counter() >= stop_at:
-                break
-        elapsed = time.perf_counter() - start
-    finally:
-        del iterator
-    return count / elapsed if count and elapsed > 0 else 0.0

@@ -3,8 +3,10 @@
 :func:`export_onnx` prepares a copy of the model (eval mode, pruning
 reparametrizations and optkit wrappers removed), exports it with one of
 torch's two ONNX exporters (falling back to the other one when the first fails
-to export or to verify), optionally stores the weights in fp16 and simplifies
-the graph, then checks the file with ``onnx.checker`` and compares ONNX
+to export or to verify), optionally simplifies the graph and then stores the
+weights in fp16 (in that order: the simplifier folds fp16 weights and their
+Casts back into fp32 ones), records any metadata, then checks that the written
+file stores what was asked, checks it with ``onnx.checker`` and compares ONNX
 Runtime's outputs with PyTorch's at two batch sizes. Only a verified file is
 moved into place; on any failure nothing is left behind.
 
@@ -42,6 +44,10 @@ EXPORTERS = ("auto", "torchscript", "dynamo")
 #: the TorchScript exporter takes well under a second where the dynamo one takes 3-9 s.
 AUTO_ORDER = ("torchscript", "dynamo")
 DEFAULT_OPSET = 18
+#: Default verification tolerance relative to the largest output magnitude: fp32 weights,
+#: and fp16 weights (about 3 significant digits each, accumulated over many layers).
+DEFAULT_RTOL = 1e-3
+DEFAULT_RTOL_FP16 = 2e-2
 #: Protobuf cannot hold a message over 2 GiB; larger models keep weights in a side file.
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 SPARSITY_NOTE = (
@@ -92,6 +98,7 @@ class ExportResult:
             Runtime fuses those that follow a Conv when it loads the file).
         seconds: wall time of export plus verification.
         notes: plain-language remarks for the report.
+        metadata: the ``metadata_props`` written into the file.
     """
 
     path: str
@@ -109,6 +116,7 @@ class ExportResult:
     batchnorm_nodes: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,7 +125,8 @@ class ExportResult:
 def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence[int], *,
                 opset: int | None = None, dynamic_batch: bool = True, fp16: bool = False,
                 exporter: str = "auto", simplify: bool = False, rtol: float | None = None,
-                atol: float = 0.0, external_data: bool | None = None, seed: int = 0) -> ExportResult:
+                atol: float = 0.0, external_data: bool | None = None, seed: int = 0,
+                metadata: dict[str, str] | None = None) -> ExportResult:
     """Export ``model`` to ONNX at ``path``, verified against PyTorch.
 
     The model itself is not changed: a deep copy is prepared (see
@@ -138,29 +147,38 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
             or ``"dynamo"``.
         simplify: simplify the graph with onnxslim (verified the same way).
         rtol: allowed difference relative to the largest output magnitude
-            (default 1e-3, or 2e-2 with ``fp16``).
+            (default :data:`DEFAULT_RTOL`, 1e-3, or :data:`DEFAULT_RTOL_FP16`,
+            2e-2, with ``fp16``).
         atol: allowed absolute difference on top of ``rtol`` (default 0: the
             check is purely relative, so tiny random-init outputs are still compared).
         external_data: keep weights in ``<path>.data``; by default only when
             the model is too big for one protobuf (2 GB).
         seed: seed of the random verification inputs.
+        metadata: string key/value pairs stored as the file's ONNX
+            ``metadata_props`` (e.g. the input normalization), readable with
+            ``onnxruntime.InferenceSession(path).get_modelmeta().custom_metadata_map``.
 
     Returns:
         the :class:`ExportResult`.
 
     Raises:
-        ValueError: for an unknown ``exporter`` or a bad ``input_shape``/tolerance.
-        ExportError: when no exporter produces a file that passes
-            ``onnx.checker`` and matches PyTorch within tolerance.
+        ValueError: for an unknown ``exporter``, a bad ``input_shape``/tolerance
+            or metadata that is not string keys and values.
+        ExportError: when no exporter produces a file that stores what was
+            asked (fp16 weights), passes ``onnx.checker`` and matches PyTorch
+            within tolerance.
     """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
     shape = tuple(int(v) for v in input_shape)
     if len(shape) < 2 or any(v < 1 for v in shape):
         raise ValueError(f"input_shape must hold at least 2 positive sizes like (1, 3, 224, 224), got {tuple(input_shape)}")
-    rtol = (2e-2 if fp16 else 1e-3) if rtol is None else rtol
+    rtol = (DEFAULT_RTOL_FP16 if fp16 else DEFAULT_RTOL) if rtol is None else rtol
     if rtol < 0 or atol < 0:
         raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
+    metadata = dict(metadata or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise ValueError(f"metadata must map strings to strings, got {metadata!r}")
     opset = DEFAULT_OPSET if opset is None else int(opset)
 
     start = time.perf_counter()
@@ -178,7 +196,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
             try:
                 checks, is_external = _export_once(prepared, reference, out, shape, name, opset=opset,
                                                    dynamic_batch=dynamic_batch, fp16=fp16, simplify=simplify,
-                                                   rtol=rtol, atol=atol, external_data=external_data, seed=seed)
+                                                   rtol=rtol, atol=atol, external_data=external_data, seed=seed,
+                                                   metadata=metadata)
             except ExportError as e:
                 attempts[name] = str(e)
                 continue
@@ -187,6 +206,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
             result = _result(target, name, attempts, opset, dynamic_batch, fp16, simplify, is_external, checks,
                              file_size, compressed, prepared, time.perf_counter() - start)
             result.notes += [fold_note] if fold_note else []
+            result.metadata = metadata
             return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -264,7 +284,8 @@ def _gzip_compressor():
 
 def _export_once(model: nn.Module, reference: nn.Module, out: Path, shape: tuple[int, ...], exporter: str, *, opset: int,
                  dynamic_batch: bool, fp16: bool, simplify: bool, rtol: float, atol: float,
-                 external_data: bool | None, seed: int) -> tuple[list[Verification], bool]:
+                 external_data: bool | None, seed: int,
+                 metadata: dict[str, str]) -> tuple[list[Verification], bool]:
     """Export ``model`` with one exporter to ``out``, post-process it and verify it against ``reference``."""
     import onnx
 
@@ -276,12 +297,16 @@ def _export_once(model: nn.Module, reference: nn.Module, out: Path, shape: tuple
     except Exception as e:
         raise ExportError(f"the {exporter} exporter failed: {_first_line(e)}") from e
     shutil.rmtree(raw.parent)
-    if fp16:
-        _store_weights_fp16(proto)
     if simplify:
         proto = _simplify(proto)
+    if fp16:
+        _store_weights_fp16(proto)
+    for key, value in metadata.items():
+        proto.metadata_props.add(key=key, value=value)
     is_external = _save(proto, out, external_data)
     del proto
+    if fp16:
+        _check_weights_fp16(out)
     checks = verify_onnx(reference, out, shape, dynamic_batch=dynamic_batch, rtol=rtol, atol=atol, seed=seed)
     return checks, is_external
 
@@ -331,6 +356,17 @@ def _store_weights_fp16(proto: onnx.ModelProto) -> None:
     graph.node.extend(nodes)
 
 
+def _check_weights_fp16(path: Path) -> None:
+    """Refuse a file asked to store fp16 weights that still holds float32 initializers."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    left = [init.name for init in graph.initializer if init.data_type == onnx.TensorProto.FLOAT]
+    if left:
+        raise ExportError(f"fp16 was asked but the written file stores {len(left)} float32 initializer(s) "
+                          f"(e.g. {', '.join(left[:3])}); export without --simplify or report this as a bug")
+
+
 def _simplify(proto: onnx.ModelProto) -> onnx.ModelProto:
     try:
         import onnxslim
@@ -357,7 +393,7 @@ def _save(proto: onnx.ModelProto, out: Path, external_data: bool | None) -> bool
 
 
 def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence[int], *, dynamic_batch: bool = True,
-                rtol: float = 1e-3, atol: float = 0.0, seed: int = 0) -> list[Verification]:
+                rtol: float = DEFAULT_RTOL, atol: float = 0.0, seed: int = 0) -> list[Verification]:
     """Check an ONNX file with ``onnx.checker`` and compare ONNX Runtime's outputs with ``model``'s.
 
     Inputs are random, the same for both; with ``dynamic_batch`` they are

@@ -28,7 +28,7 @@ from torch import nn
 from optkit import __version__
 from optkit.io.files import atomic_path
 from optkit.core.errors import ModelLoadError
-from optkit.io.models import ArchSpec
+from optkit.io.architectures import ArchSpec
 
 FORMAT = "optkit.slimmed"
 VERSION = 1
@@ -75,6 +75,19 @@ def save(model: nn.Module, path: str | os.PathLike, arch: ArchSpec | None, *, ex
         }
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
+
+
+def recorded_input_shape(checkpoint: dict[str, Any]) -> tuple[int, ...] | None:
+    """The ``input_shape`` of the recipe a slimmed checkpoint records, or ``None`` when it records none."""
+    import tomllib
+
+    from optkit.core.settings import check_input_shape
+
+    recipe = (checkpoint.get("extra") or {}).get("recipe")
+    try:
+        return check_input_shape(tomllib.loads(recipe).get("input_shape")) if isinstance(recipe, str) else None
+    except (tomllib.TOMLDecodeError, ValueError):
+        return None
 
 
 def rebuild(checkpoint: dict[str, Any], *, trust: bool = False,

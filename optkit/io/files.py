@@ -40,3 +40,10 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """Atomically write ``text`` (UTF-8) to ``path``."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def cache_dir() -> Path:
+    """optkit's per-user cache folder: ``$OPTKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/optkit`` (``~/.cache/optkit``)."""
+    base = os.environ.get("OPTKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optkit")
+    return Path(base)

@@ -15,12 +15,10 @@ trusts them, so a pickle's code never runs by accident.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
 import warnings
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,8 @@ import torch
 from torch import nn
 
 from optkit.core.errors import ModelLoadError, UntrustedPickleError
+from optkit.io import confirmed
+from optkit.io.architectures import ArchSpec, arch_spec, torchvision_names
 
 #: How much a zip checkpoint's members may expand beyond the file's own size.
 #: ``torch.save`` stores members uncompressed, so a real checkpoint never
@@ -40,35 +40,6 @@ TRUST_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class ArchSpec:
-    """How to build an architecture from scratch.
-
-    Attributes:
-        spec: ``torchvision:NAME`` or ``package.module:Class``.
-        kwargs: constructor keyword arguments (plain values only), e.g. ``num_classes``.
-    """
-
-    spec: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def build(self) -> nn.Module:
-        """Construct the architecture with fresh (random) weights.
-
-        Raises:
-            ModelLoadError: if the name is unknown or the class cannot be built.
-        """
-        kind, _, name = self.spec.partition(":")
-        if not name:
-            raise ModelLoadError(f"architecture spec {self.spec!r} must look like torchvision:NAME or package.module:Class")
-        if kind == "torchvision":
-            return _build_torchvision(name, self.kwargs)
-        return _build_class(kind, name, self.kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"spec": self.spec, "kwargs": dict(self.kwargs)}
-
-
 @dataclass
 class LoadedModel:
     """A model with how it was obtained.
@@ -77,23 +48,13 @@ class LoadedModel:
         model: the module, on CPU.
         arch: how to rebuild its architecture, or ``None`` for a whole pickled module.
         source: the spec or path it came from.
+        recorded_input_shape: the input shape an optkit ``model.pt`` records in its recipe, if any.
     """
 
     model: nn.Module
     arch: ArchSpec | None
     source: str
-
-
-def torchvision_names() -> list[str]:
-    """Names of torchvision's classification models."""
-    import torchvision
-
-    return sorted(torchvision.models.list_models(module=torchvision.models))
-
-
-def arch_spec(spec: str, num_classes: int | None = None) -> ArchSpec:
-    """An :class:`ArchSpec` for ``spec``, with ``num_classes`` when given."""
-    return ArchSpec(spec, {} if num_classes is None else {"num_classes": int(num_classes)})
+    recorded_input_shape: tuple[int, ...] | None = None
 
 
 def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,
@@ -123,8 +84,8 @@ def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int |
     from optkit.io import checkpoint
 
     if checkpoint.is_slimmed(obj):
-        model, architecture = checkpoint.rebuild(obj, trust=trust, confirmed_arch=arch)
-        return LoadedModel(model, architecture, text)
+        model, architecture = checkpoint.rebuild(obj, trust=trust, confirmed_arch=arch or confirmed.confirmed_spec(text))
+        return LoadedModel(model, architecture, text, checkpoint.recorded_input_shape(obj))
     if isinstance(obj, nn.Module):
         return LoadedModel(obj.cpu(), None, text)
     state_dict = _find_state_dict(obj)
@@ -134,13 +95,50 @@ def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int |
         raise ModelLoadError(f"{text} holds only weights (a state_dict); name the architecture with --arch torchvision:NAME or --arch package.module:Class")
     architecture = arch_spec(arch, num_classes)
     model = architecture.build()
+    mismatch = describe_mismatch(model.state_dict(), state_dict)
+    if mismatch:
+        raise ModelLoadError(f"{text} does not match --arch {arch}: {mismatch}; check --arch and --num-classes")
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as e:
-        first = str(e).strip().splitlines()
-        detail = " ".join(line.strip() for line in first[1:3]) if len(first) > 1 else str(e)
-        raise ModelLoadError(f"{text} does not match --arch {arch} (check the architecture and --num-classes): {detail}") from e
+        raise ModelLoadError(f"{text} does not load into --arch {arch} ({_short(e)}); "
+                             "check --arch and --num-classes") from e
     return LoadedModel(model, architecture, text)
+
+
+#: Key names quoted in a mismatch message, so a wrong --arch gives one line, not thousands of keys.
+MISMATCH_EXAMPLES = 3
+
+
+def describe_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str | None:
+    """One line saying how a ``state_dict`` differs from the one a model expects.
+
+    Args:
+        expected: the model's own ``state_dict()``.
+        found: the ``state_dict`` read from a file.
+
+    Returns:
+        the counts of missing, unexpected and mis-shaped keys with up to
+        :data:`MISMATCH_EXAMPLES` examples, or ``None`` when every key and shape matches.
+    """
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    misshaped = [k for k in expected if k in found and tuple(found[k].shape) != tuple(expected[k].shape)]
+    if not (missing or unexpected or misshaped):
+        return None
+    examples = ([f"{_clip(k)}: file {_shape(found[k])}, model {_shape(expected[k])}" for k in misshaped]
+                + [f"{_clip(k)} missing" for k in missing]
+                + [f"{_clip(k)} unexpected" for k in unexpected])[:MISMATCH_EXAMPLES]
+    return (f"{len(missing)} missing, {len(unexpected)} unexpected and {len(misshaped)} mis-shaped keys "
+            f"(e.g. {'; '.join(examples)})")
+
+
+def _clip(key: str, limit: int = 60) -> str:
+    return key if len(key) <= limit else "..." + key[-(limit - 3):]
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return "x".join(map(str, tensor.shape)) or "scalar"
 
 
 def load_model(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,
@@ -211,35 +209,18 @@ def _find_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
     return None
 
 
-def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
-    import torchvision
+def infer_input_shape(loaded: LoadedModel) -> tuple[int, ...]:
+    """The input shape to use when none is given.
 
-    names = torchvision.models.list_models()
-    if name not in names:
-        close = [n for n in names if n.startswith(name[:4])][:5]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ModelLoadError(f"unknown torchvision model {name!r}{hint}; see torchvision.models.list_models()")
-    extra = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
-    try:
-        return torchvision.models.get_model(name, weights=None, **extra, **kwargs)
-    except (TypeError, ValueError) as e:
-        raise ModelLoadError(f"cannot build torchvision:{name} with {kwargs}: {e}") from e
-
-
-def _build_class(module_name: str, class_name: str, kwargs: dict[str, Any]) -> nn.Module:
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as e:
-        raise ModelLoadError(f"cannot import {module_name}:{class_name} ({e}); is its package on PYTHONPATH?") from e
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ModelLoadError(f"{module_name}:{class_name} is not an nn.Module class")
-    parameters = inspect.signature(cls).parameters
-    accepted = {k: v for k, v in kwargs.items() if k in parameters or any(
-        p.kind is p.VAR_KEYWORD for p in parameters.values())}
-    try:
-        return cls(**accepted)
-    except Exception as e:
-        raise ModelLoadError(f"cannot build {module_name}:{class_name}({accepted}): {e}") from e
+    The shape an optkit ``model.pt`` records, else the usual shape for the
+    spec (:func:`default_input_shape`) with the first convolution's input
+    channels (so a grayscale model gets 1).
+    """
+    if loaded.recorded_input_shape is not None:
+        return loaded.recorded_input_shape
+    shape = default_input_shape(loaded.source)
+    first_conv = next((m for m in loaded.model.modules() if isinstance(m, nn.Conv2d)), None)
+    return (shape[0], first_conv.in_channels, *shape[2:]) if first_conv is not None else shape
 
 
 def default_input_shape(spec: str) -> tuple[int, int, int, int]:

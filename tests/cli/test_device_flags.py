@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+
+import click
 
 import pytest
 from click.testing import CliRunner
@@ -11,34 +12,30 @@ from click.testing import CliRunner
 from optkit.cli import main
 from optkit.cli.optimize import pass_entries_from_flags
 
-BASE = {"ratio": None, "method": "structured", "round_to": 8, "importance": "l1", "global_": False}
-
-
 def test_flags_become_entries_in_pipeline_order():
-    flags = {**BASE, "ratio": 0.2, "device": "cpu", "channels_last": True, "amp": "bf16", "workers": 2}
+    flags = {"prune": 0.2, "device": "cpu", "channels_last": True, "amp": "bf16"}
     names = [e["name"] for e in pass_entries_from_flags(flags)]
     assert names == ["to_device", "structured_prune", "channels_last", "autocast"]
 
 
-def test_amp_off_adds_nothing():
-    assert pass_entries_from_flags({**BASE, "amp": "off"}) == []
+def test_amp_off_adds_a_pass_that_leaves_the_model_unwrapped():
+    assert pass_entries_from_flags({"amp": "off"}) == [{"name": "autocast", "dtype": "off"}]
 
 
-def test_workers_go_to_passes_that_load_data(monkeypatch):
-    from optkit.core import contract as base
+def test_workers_go_to_every_running_pass_that_loads_data():
+    entries = pass_entries_from_flags({"recalibrate_bn": 2, "calib_data": "synthetic:8", "finetune": "synthetic:8",
+                                       "workers": 3, "prune": 0.2})
+    assert {e["name"]: e.get("num_workers") for e in entries} == {
+        "structured_prune": None, "recalibrate_batchnorm": 3, "finetune": 3}
 
-    @dataclasses.dataclass(frozen=True)
-    class Loads(base.Pass):
-        name = "loads"
-        num_workers: int | str = "auto"
 
-    monkeypatch.setattr("optkit.passes.get_pass", lambda name: Loads if name == "to_device" else base.Pass)
-    entries = pass_entries_from_flags({**BASE, "device": "cpu", "workers": 3})
-    assert entries == [{"name": "to_device", "device": "cpu", "num_workers": 3}]
+def test_workers_without_a_pass_that_loads_data_is_a_usage_error():
+    with pytest.raises(click.UsageError, match="--workers is a setting of .*recalibrate_batchnorm"):
+        pass_entries_from_flags({"prune": 0.2, "workers": 3})
 
 
 @pytest.mark.parametrize("args, message", [(["--device", "gpu"], "auto, cpu, cuda, cuda:N or mps"),
-                                           (["--workers", "-1"], "'auto' or an integer >= 0"),
+                                           (["--workers", "-1"], "an integer >= 0 or 'auto'"),
                                            (["--amp", "int8"], "auto")])
 def test_bad_values_are_usage_errors(args, message):
     result = CliRunner().invoke(main, ["optimize", "torchvision:resnet18", *args])

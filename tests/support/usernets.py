@@ -20,3 +20,16 @@ class BranchyNet(nn.Module):
         x = torch.cat([self.left(x) + x, self.right(x)], dim=1)
         x = self.merge(x).relu().mean(dim=(2, 3))
         return self.head(x)
+
+
+class GrayNet(nn.Module):
+    """A grayscale 28x28 classifier whose linear head fits that size only (as many user models do)."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Linear(32 * 7 * 7, num_classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
