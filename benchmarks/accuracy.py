@@ -43,7 +43,8 @@ from optkit.data.datasets import load_dataset  # noqa: E402
 from optkit.analysis.metrics import measure  # noqa: E402
 from optkit.passes.batchnorm.passes import RecalibrateBatchNorm  # noqa: E402
 from optkit.passes.prune.passes import L1Unstructured, StructuredPrune  # noqa: E402
-from optkit.passes.finetune.loop import TrainConfig, evaluate, fit  # noqa: E402
+from optkit.passes.finetune.loop import evaluate, fit  # noqa: E402
+from optkit.passes.finetune.passes import FineTune  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BASELINE = RESULTS / "fashion_resnet.pt"
@@ -81,11 +82,11 @@ def baseline(splits, args) -> tuple[torch.nn.Module, dict]:
                               **loaded_extra(BASELINE)}
     torch.manual_seed(args.seed)
     model = arch.build()
-    config = TrainConfig(epochs=args.baseline_epochs, batch_size=128, lr=3e-3, weight_decay=0.05, warmup=0.03,
-                         amp=args.amp, seed=args.seed, progress=args.progress, device="cpu", num_workers=0,
-                         checkpoint=args.checkpoint, checkpoint_every=100, resume=args.checkpoint is not None)
+    settings = FineTune(data=DATA, epochs=args.baseline_epochs, batch_size=128, lr=3e-3, weight_decay=0.05,
+                        warmup=0.03, amp=args.amp, seed=args.seed, device="cpu", num_workers=0,
+                        checkpoint=args.checkpoint, checkpoint_every=100, resume=args.checkpoint is not None)
     start = time.perf_counter()
-    result = fit(model, splits["train"], splits["val"], config)
+    result = fit(model, splits["train"], splits["val"], settings, progress=args.progress)
     info = {"epochs": args.baseline_epochs, "train_samples": len(splits["train"]),
             "seconds": round(time.perf_counter() - start, 1), "best_epoch": result.best_epoch,
             "history": result.history}
@@ -98,10 +99,10 @@ def loaded_extra(path: Path) -> dict:
 
 
 def fine_tune(model, splits, args, teacher=None) -> tuple[float, dict]:
-    config = TrainConfig(epochs=args.epochs, batch_size=128, lr=args.lr, weight_decay=0.05, warmup=0.05,
-                         amp=args.amp, seed=args.seed, progress=args.progress, device="cpu", num_workers=0)
+    settings = FineTune(data=DATA, epochs=args.epochs, batch_size=128, lr=args.lr, weight_decay=0.05, warmup=0.05,
+                        amp=args.amp, seed=args.seed, device="cpu", num_workers=0)
     start = time.perf_counter()
-    result = fit(model, splits["train"], splits["val"], config, teacher=teacher)
+    result = fit(model, splits["train"], splits["val"], settings, teacher=teacher, progress=args.progress)
     return test_accuracy(result.model, splits), {"seconds": round(time.perf_counter() - start, 1),
                                                  "best_epoch": result.best_epoch,
                                                  "val_accuracy": result.best_accuracy}
@@ -218,7 +219,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("optkit.data.datasets").setLevel(logging.WARNING)
+    logging.getLogger("optkit.data.loader").setLevel(logging.WARNING)
 
     started = time.perf_counter()
     splits = load_splits(args.train_size, args.test_size)

@@ -18,7 +18,7 @@ from optkit.core.pipeline import Pipeline
 from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
-EXPORT_FILES = ("model.onnx", "model.onnx.data")
+EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx")
 EXPORT_FORMATS = ("onnx",)
 
 
@@ -55,9 +55,9 @@ def _dataset_specs(pipeline: Pipeline) -> list[str]:
     from optkit.core.contract import Pass
     from optkit.core.settings import declared
 
-    specs = []
-    for step in pipeline.passes:
-        if isinstance(step, Pass):
+    specs: list[str] = []
+    for step in [*pipeline.passes, pipeline.int8]:
+        if isinstance(step, Pass) or dataclasses.is_dataclass(step):
             specs += [getattr(step, f.name) for f in dataclasses.fields(step)
                       if (d := declared(f)) is not None and d.dataset and getattr(step, f.name)]
     return list(dict.fromkeys(specs))
@@ -101,6 +101,8 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
 
     if export is not None and export not in EXPORT_FORMATS:
         raise OptkitError(f"unknown export format {export!r}; choose from {', '.join(EXPORT_FORMATS)}")
+    if pipeline.int8 is not None and export != "onnx":
+        raise OptkitError("INT8 quantizes the exported ONNX model: add --export onnx")
     # Under torchrun every rank runs the pipeline (pruning identically, then training
     # together); only rank 0 writes.
     main = is_main_process()
@@ -125,17 +127,15 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
         files = {"model.pt": staged.path("model.pt").stat().st_size}
         normalization = data_normalization(pipeline)
-        exported = _export_onnx(run.model, staged.path("model.onnx"), pipeline.input_shape, weights_before,
-                                onnx_metadata(normalization)) if export else None
-        if exported is not None:
-            files["model.onnx"] = exported["file_size"]
+        exported = _export(staged, run.model, pipeline, weights_before, onnx_metadata(normalization)) if export else {}
+        files.update({name: section["file_size"] for name, section in exported.items()})
         source = Path(loaded.source)
         report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
                               channels=channels, input_file_size=source.stat().st_size if source.is_file() else None,
                               latency=timings)
-        if exported is not None:
-            report["export"] = exported
-            report["notes"].extend(exported["notes"])
+        for name, section in exported.items():
+            report["export" if name == "model.onnx" else "int8"] = section
+            report["notes"].extend(section["notes"])
         if normalization:
             report["data"] = normalization
         if loaded.arch is None:
@@ -175,6 +175,43 @@ def onnx_metadata(normalization: dict[str, dict[str, str]]) -> dict[str, str]:
         return {}
     ((spec, values),) = normalization.items()
     return {"optkit.data": spec, "optkit.input_mean": values["mean"], "optkit.input_std": values["std"]}
+
+
+def _export(staged, model, pipeline: Pipeline, weights_before: dict[str, int],
+            metadata: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Write ``model.onnx`` (and ``model.int8.onnx`` with INT8 settings) into the staging folder.
+
+    Returns:
+        the report section of each file written, by file name.
+    """
+    sections = {"model.onnx": _export_onnx(model, staged.path("model.onnx"), pipeline.input_shape, weights_before,
+                                           metadata)}
+    if pipeline.int8 is not None:
+        sections["model.int8.onnx"] = quantize_exported(staged.path("model.onnx"), staged.path("model.int8.onnx"),
+                                                        pipeline.int8, pipeline.input_shape)
+    return sections
+
+
+def quantize_exported(fp32_path: Path, int8_path: Path, settings, input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """Quantize an exported file to INT8 (verified on the task) and time both, for the report.
+
+    Raises:
+        DataError, ExportError: as :func:`optkit.passes.quantize.quantize_onnx` does; nothing is written then.
+    """
+    from optkit.passes.quantize import compare_latency, quantize_onnx
+
+    result = quantize_onnx(fp32_path, int8_path, settings, input_shape=input_shape).to_dict()
+    result["path"] = Path(int8_path).name
+    result["file_size"] = result["int8_size"]
+    result["latency"] = compare_latency(fp32_path, int8_path, input_shape, threads=(os.cpu_count() or 1,))
+    check = f"agreement {result['agreement']:.1%} with FP32"
+    if result.get("accuracy_int8") is not None:
+        check += f", accuracy {result['accuracy_fp32']:.2%} -> {result['accuracy_int8']:.2%}"
+    timing = "; ".join(f"batch {r['batch_size']}, {r['threads']} thread(s): {r['fp32']['median_ms']:.2f} -> "
+                       f"{r['int8']['median_ms']:.2f} ms" for r in result["latency"]["runs"])
+    result["notes"] = [f"{Path(int8_path).name}: {result['mode']} INT8, {result['fp32_size']:,} -> "
+                       f"{result['int8_size']:,} bytes, {check}; ONNX Runtime {timing}", *result["notes"]]
+    return result
 
 
 def _export_onnx(model, path, input_shape: tuple[int, ...], weights_before: dict[str, int],

@@ -13,6 +13,16 @@ def builtin_classes() -> dict[str, type]:
     return {name: get_pass(name) for name in builtin_passes()}
 
 
+def int8_options(flags: dict, switch_help: str) -> list:
+    """``--int8`` and the INT8 settings' options (generated from :class:`Int8Settings`)."""
+    import click
+
+    from optkit.cli.generated import setting_option
+
+    switch = click.option("--int8", is_flag=True, help=switch_help)
+    return [switch, *(setting_option(flag, help_prefix="INT8: ") for flag in flags.values())]
+
+
 def show_epoch_lines() -> None:
     """Print each epoch's summary on stderr when there is no progress bar (not a terminal, other ranks)."""
     import logging

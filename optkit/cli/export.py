@@ -8,18 +8,23 @@ import click
 
 from optkit.cli import generated
 from optkit.cli._options import model_options
+from optkit.cli._run import int8_options
+from optkit.passes.quantize.settings import Int8Settings
 from optkit.export.settings import ExportSettings
 
 _FLAGS = generated.settings_flags(ExportSettings)
+_INT8_FLAGS = generated.settings_flags(Int8Settings)
 
 
 @click.command("export")
 @click.argument("model")
 @click.option("--onnx", "onnx_path", required=True, type=click.Path(dir_okay=False), help="Destination ONNX file.")
 @generated.with_options([generated.setting_option(flag) for flag in _FLAGS.values()])
+@generated.with_options(int8_options(_INT8_FLAGS, "Also write the INT8 model beside the ONNX file (NAME.int8.onnx), "
+                                                 "quantized and checked on the task (needs --calib-data)."))
 @model_options()
 @click.option("--force", is_flag=True, help="Overwrite an existing ONNX file.")
-def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, trust, force, **flags) -> None:
+def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, trust, force, int8, **flags) -> None:
     """Export MODEL (torchvision:NAME or a checkpoint file) to ONNX, verified against PyTorch.
 
     Example: optkit export runs/demo/model.pt --onnx runs/demo/model-fp16.onnx --fp16
@@ -30,8 +35,18 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     from optkit.io import models
 
     settings = generated.settings_from_flags(ExportSettings, _FLAGS, flags)
-    if Path(onnx_path).exists() and not force:
-        raise OptkitError(f"{onnx_path} already exists; pass --force to overwrite it or choose another --onnx path")
+    int8_given = [f"--{f.name}" for f in _INT8_FLAGS.values() if flags.get(f.param) is not None]
+    if int8_given and not int8:
+        raise click.UsageError(f"{', '.join(int8_given)} set INT8 quantization: add --int8")
+    int8_settings = generated.settings_from_flags(Int8Settings, _INT8_FLAGS, flags) if int8 else None
+    int8_path = Path(onnx_path).with_suffix(".int8.onnx")
+    for target in [Path(onnx_path), *([int8_path] if int8 else [])]:
+        if target.exists() and not force:
+            raise OptkitError(f"{target} already exists; pass --force to overwrite it or choose another --onnx path")
+    if int8_settings is not None and int8_settings.calib_data:
+        from optkit.data import check_available
+
+        check_available(int8_settings.calib_data)
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
     shape = input_shape or models.infer_input_shape(loaded)
     workflow.check_runs(loaded, shape)
@@ -42,3 +57,23 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     click.echo(f"Verified with ONNX Runtime: {checks}")
     for note in result.notes:
         click.echo(f"note: {note}")
+    if int8_settings is not None:
+        _write_int8(Path(result.path), int8_path, int8_settings, shape)
+
+
+def _write_int8(fp32_path: Path, int8_path: Path, settings: Int8Settings, shape: tuple[int, ...]) -> None:
+    from optkit import workflow
+    from optkit.core.errors import OptkitError
+
+    try:
+        section = workflow.quantize_exported(fp32_path, int8_path, settings, shape)
+    except OptkitError:
+        # The INT8 file was refused; the FP32 file written for it goes too, so a failed run leaves nothing.
+        fp32_path.unlink(missing_ok=True)
+        raise
+    for note in section["notes"]:
+        click.echo(f"note: {note}")
+    for run in section["latency"]["runs"]:
+        click.echo(f"ONNX Runtime, batch {run['batch_size']}, {run['threads']} thread(s): FP32 "
+                   f"{run['fp32']['median_ms']:.2f} ms, INT8 {run['int8']['median_ms']:.2f} ms "
+                   f"({run['speedup']:.2f}x{', noisy' if run['noisy'] else ''})")

@@ -132,7 +132,7 @@ def setting_option(flag: Flag, *, help_prefix: str = "", required: bool = False)
             raise click.BadParameter(str(e)) from e
 
     kwargs["callback"] = callback
-    hidden = flag.default in (None, dataclasses.MISSING) or "bool" in parts or any(use.enables for use in flag.uses)
+    hidden = flag.default in (None, dataclasses.MISSING, ()) or "bool" in parts or any(use.enables for use in flag.uses)
     shown_default = "" if hidden else f" [default: {_show(flag.default)}]"
     kwargs["help"] = f"{help_prefix}{spec.help}{shown_default}"
     return click.option(f"--{flag.name}", flag.param, **kwargs)
@@ -171,14 +171,17 @@ def with_options(options: list[Callable]) -> Callable[[Callable], Callable]:
     return decorate
 
 
-def entries_from_flags(given: dict[str, Any], classes: dict[str, type], *,
-                       generic: Iterable[str] = ()) -> list[dict[str, Any]]:
+def entries_from_flags(given: dict[str, Any], classes: dict[str, type], *, generic: Iterable[str] = (),
+                       used_elsewhere: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the flags given, in stage order.
 
     Args:
         given: option values by click parameter name; ``None`` means not given.
         classes: the pass classes the flags were generated from, by name.
         generic: ``--pass`` values.
+        used_elsewhere: flags that something besides the passes reads (``--calib-data`` with ``--int8``),
+            so they may be given with no pass that takes them. Run options (``recipe=False``) go to the passes
+            at run time, never into the entries.
 
     Returns:
         one entry per pass that runs, each ``{"name": ..., setting: value}``.
@@ -196,10 +199,12 @@ def entries_from_flags(given: dict[str, Any], classes: dict[str, type], *,
         if value is None:
             continue
         uses = [use for use in flag.uses if use.pass_name in enabled_names]
+        if not uses and flag.name in set(used_elsewhere):
+            continue
         if not uses:
             raise click.UsageError(f"--{flag.name} {_applies_to(flag, flags, classes)}")
         for use in uses:
-            if use.field is not None:
+            if use.field is not None and flag.spec is not None and flag.spec.recipe:
                 settings[use.pass_name][use.field] = value
     entries = [_entry(cls, settings[cls.name], flags) for cls in enabled]
     entries += [parse_generic(text) for text in generic]
@@ -298,6 +303,8 @@ def _typed(value: Any, parts: set[str]) -> Any:
             return float(value)
         except ValueError:
             return value
+    if isinstance(value, str) and any(p.startswith("tuple[str") for p in parts):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
     if isinstance(value, str) and any(p.startswith("tuple[int") for p in parts):
         return tuple(int(v) if v.strip().lstrip("-").isdigit() else v for v in value.replace("x", ",").split(","))
     return value

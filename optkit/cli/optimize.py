@@ -14,10 +14,13 @@ import click
 
 from optkit.cli import _run, generated
 from optkit.cli._options import model_options
-from optkit.cli._run import builtin_classes, finetune_run_options, show_epoch_lines
+from optkit.cli._run import builtin_classes, finetune_run_options, int8_options, show_epoch_lines
+from optkit.passes.quantize.settings import Int8Settings
 
 _CLASSES = builtin_classes()
 _FLAGS = generated.pass_flags(_CLASSES.values())
+# --calib-data is one option: it feeds the passes that take it and the INT8 calibration.
+_INT8_FLAGS = generated.settings_flags(Int8Settings, skip=("calib_data",))
 
 
 def _pass_options() -> list:
@@ -42,8 +45,10 @@ def _pass_options() -> list:
 @click.option("--export", "export_format", type=click.Choice(["onnx"]),
               help="Also write model.onnx, verified against PyTorch in ONNX Runtime.")
 @click.option("--latency", is_flag=True, help="Also time the model before and after (PyTorch eager) for the report.")
+@generated.with_options(int8_options(_INT8_FLAGS, "Also write model.int8.onnx, quantized and checked on the task "
+                                                 "(needs --export onnx and --calib-data)."))
 def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, export_format,
-                     latency, generic_passes, **flags: Any) -> None:
+                     latency, generic_passes, int8, **flags: Any) -> None:
     """Slim MODEL (torchvision:NAME or a checkpoint file) and write the result and a report.
 
     Example: optkit optimize torchvision:resnet18 --prune 0.3 --out runs/demo
@@ -56,7 +61,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     from optkit.passes.finetune.distributed import init_distributed, is_main_process
 
     console = Console(stderr=True)
-    pipeline = _pipeline(recipe_path, input_shape, flags, generic_passes)
+    pipeline = _pipeline(recipe_path, input_shape, flags, generic_passes, int8)
     init_distributed()
     show_epoch_lines()
     with console.status(f"loading {model}"):
@@ -77,18 +82,22 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
         click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot} to {out_dir}")
 
 
-def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...]):
+def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...], int8: bool):
     from optkit.core.pipeline import Pipeline
 
-    entries = pass_entries_from_flags(flags, generic)
+    int8_given = [f"--{f.name}" for f in _INT8_FLAGS.values() if flags.get(f.param) is not None]
+    if int8_given and not int8:
+        raise click.UsageError(f"{', '.join(int8_given)} set INT8 quantization: add --int8")
+    entries = pass_entries_from_flags(flags, generic, int8=int8)
+    int8_settings = _int8_settings(flags) if int8 else None
     if recipe_path is not None:
-        if entries:
+        if entries or int8:
             raise click.UsageError("give either --recipe or pass flags such as --prune, not both")
         pipeline = Pipeline.load(recipe_path)
         if input_shape is not None:
             pipeline.input_shape, pipeline.input_shape_given = input_shape, True
         return pipeline
-    if not entries:
+    if not entries and not int8:
         raise click.UsageError("nothing to do: give --prune RATIO, --target-macs FRACTION, --finetune SPEC (or another "
                                "pass flag, or --pass NAME) or --recipe FILE")
     data: dict[str, Any] = {"pass": entries}
@@ -96,12 +105,22 @@ def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], gener
         data["input_shape"] = list(input_shape)
     if flags.get("device") is not None:
         data["device"] = flags["device"]
-    return Pipeline.from_dict(data, source="command-line flags")
+    pipeline = Pipeline.from_dict(data, source="command-line flags")
+    pipeline.int8 = int8_settings
+    return pipeline
 
 
-def pass_entries_from_flags(flags: dict[str, Any], generic: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def _int8_settings(flags: dict[str, Any]) -> Int8Settings:
+    given = {**flags, "calib_data": flags.get("calib_data")}
+    flags_with_data = {**_INT8_FLAGS, **generated.settings_flags(Int8Settings)}
+    return generated.settings_from_flags(Int8Settings, flags_with_data, given)
+
+
+def pass_entries_from_flags(flags: dict[str, Any], generic: tuple[str, ...] = (), *,
+                            int8: bool = False) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given (``None``: not given), in pipeline order."""
-    entries = generated.entries_from_flags(flags, _CLASSES, generic=generic)
+    entries = generated.entries_from_flags(flags, _CLASSES, generic=generic,
+                                           used_elsewhere=("calib-data",) if int8 else ())
     return _interleave_steps(entries)
 
 

@@ -68,6 +68,8 @@ class Pipeline:
         input_shape: example input shape given to every pass that takes one
             and leaves it unset, and used to count MACs.
         device: device given to every pass that takes one and leaves it unset.
+        int8: INT8 settings for the exported ONNX model (a recipe's ``[int8]`` table); the
+            passes do not read them, ``optkit optimize --export onnx`` does.
 
     Example::
 
@@ -76,8 +78,10 @@ class Pipeline:
     """
 
     def __init__(self, passes: Sequence[Step], *, input_shape: Sequence[int] | None = None,
-                 device: str | None = None):
+                 device: str | None = None, int8: Any = None):
         self.passes = list(passes)
+        #: INT8 settings (:class:`optkit.passes.quantize.Int8Settings`) for the exported model, or ``None``.
+        self.int8 = int8
         for index, step in enumerate(self.passes, start=1):
             if not isinstance(step, Pass) and not callable(step):
                 raise TypeError(f"pipeline step {index} is a {type(step).__name__}, not a Pass or a callable model -> model")
@@ -162,7 +166,8 @@ class Pipeline:
             if not isinstance(step, Pass):
                 raise RecipeError(f"step {index} ({step_name(step)}) is a plain callable and has no recipe form; "
                                   "make it a Pass subclass with @register_pass to save this pipeline as a recipe")
-        return recipe.dumps(self.passes, input_shape=self.input_shape, device=self.device)
+        sections = {"int8": self.int8} if self.int8 is not None else None
+        return recipe.dumps(self.passes, input_shape=self.input_shape, device=self.device, sections=sections)
 
     def save(self, path: str | os.PathLike) -> None:
         """Atomically write the pipeline as a recipe file."""
@@ -185,7 +190,8 @@ class Pipeline:
 
     @classmethod
     def _from_parsed(cls, parsed: dict[str, Any]) -> Pipeline:
-        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"])
+        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"],
+                   int8=parsed["sections"].get("int8"))
 
     def __repr__(self) -> str:
         names = ", ".join(step_name(p) for p in self.passes)

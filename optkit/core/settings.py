@@ -209,7 +209,9 @@ def _as_kind(kind: str, value: Any, spec: Setting) -> tuple[bool, Any]:
     if isinstance(value, bool):
         return False, value
     if kind == "str":
-        ok = isinstance(value, str) and bool(value.strip()) and (spec.choices is None or value in spec.choices)
+        # With ``also`` words, the string part of ``int | str`` means exactly those words.
+        ok = isinstance(value, str) and bool(value.strip()) and not spec.also and (
+            spec.choices is None or value in spec.choices)
         return ok, value
     if kind == "int" and not isinstance(value, int):
         return False, value

@@ -370,7 +370,7 @@ def test_passes_are_registered_and_validate_settings():
     assert get_pass("insert_batchnorm") is InsertBatchNorm
     assert get_pass("fold_batchnorm") is FoldBatchNorm
     assert get_pass("recalibrate_batchnorm") is RecalibrateBatchNorm
-    with pytest.raises(ValueError, match="data must be a dataset spec"):
+    with pytest.raises(ValueError, match="recalibrating BatchNorm needs data"):
         RecalibrateBatchNorm()
     with pytest.raises(ValueError, match="batches must be an integer >= 1"):
         RecalibrateBatchNorm(data="fashion-mnist", batches=0)
@@ -378,7 +378,7 @@ def test_passes_are_registered_and_validate_settings():
         InsertBatchNorm(split="dev")
     with pytest.raises(ValueError, match="eps must be"):
         InsertBatchNorm(eps=0)
-    with pytest.raises(ValueError, match="num_workers must be 'auto' or an integer"):
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 0 or 'auto'"):
         RecalibrateBatchNorm(data="fashion-mnist", num_workers=-1)
 
 
@@ -422,7 +422,7 @@ def test_optimize_flags_build_batchnorm_entries():
 
     from optkit.cli.optimize import pass_entries_from_flags
 
-    base = {"ratio": 0.5, "method": "structured", "round_to": 8, "importance": "l1", "global_": False}
+    base = {"prune": 0.5}
     entries = pass_entries_from_flags({**base, "insert_bn": True, "fold_bn": True, "recalibrate_bn": 5,
                                        "calib_data": "fashion-mnist"})
     assert [e["name"] for e in entries] == ["insert_batchnorm", "structured_prune", "recalibrate_batchnorm",
@@ -433,7 +433,8 @@ def test_optimize_flags_build_batchnorm_entries():
     assert [e.get("num_workers") for e in with_workers] == [None, 2]
     with pytest.raises(click.UsageError, match="--calib-data"):
         pass_entries_from_flags({**base, "recalibrate_bn": 5, "calib_data": None})
-    with pytest.raises(click.UsageError, match="--insert-bn, --recalibrate-bn"):
+    with pytest.raises(click.UsageError, match=r"--calib-data is a setting of insert_batchnorm \(--insert-bn\).*"
+                                               r"recalibrate_batchnorm \(--recalibrate-bn\)"):
         pass_entries_from_flags({**base, "calib_data": "fashion-mnist"})
 
 

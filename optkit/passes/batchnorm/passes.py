@@ -288,7 +288,7 @@ class RecalibrateBatchNorm(Pass):
 
 
 def _data_batches(spec: str, split: str, batch_size: int, count: int, num_workers: int | str) -> list[Any]:
-    from optkit.data.datasets import load_dataset, make_loader
+    from optkit.data import load_dataset, make_loader
 
     # No augmentation: the statistics should match what the model sees at inference.
     dataset = load_dataset(spec, split, augment=False)

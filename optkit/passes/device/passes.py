@@ -25,8 +25,10 @@ def resolve_device(name: str | None = "auto") -> torch.device:
     """The ``torch.device`` for a device name, checking that it is present.
 
     Args:
-        name: ``auto`` (or ``None``): CUDA if available, then MPS, then CPU;
-            or an explicit ``cpu``, ``cuda``, ``cuda:N``, ``mps``.
+        name: ``auto`` (or ``None``): this process's CUDA GPU if CUDA is available
+            (``cuda:LOCAL_RANK``, so each ``torchrun`` worker gets its own; ``cuda:0``
+            outside ``torchrun``), then MPS, then CPU; or an explicit ``cpu``,
+            ``cuda``, ``cuda:N``, ``mps``.
 
     Returns:
         the device.
@@ -35,15 +37,18 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         ValueError: for a malformed name.
         OptkitError: for a device this machine does not have.
     """
+    import os
+
     import torch
 
     name = check_device(name) or "auto"
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
+            name = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        elif torch.backends.mps.is_available():
             return torch.device("mps")
-        return torch.device("cpu")
+        else:
+            return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -51,7 +56,8 @@ def resolve_device(name: str | None = "auto") -> torch.device:
             raise OptkitError(f"device {name!r} requested but no CUDA GPU is available; use --device cpu or auto")
         if device.index is not None and device.index >= count:
             raise OptkitError(f"device {name!r} requested but only {count} CUDA GPU(s) exist "
-                              f"(cuda:0 to cuda:{count - 1})")
+                              f"(cuda:0 to cuda:{count - 1}); use a lower index, or start fewer processes "
+                              "per node than there are GPUs")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise OptkitError("device 'mps' requested but Apple MPS is not available; use --device cpu or auto")
     return device

@@ -49,8 +49,8 @@ class FineTune(Pass):
                             high_open=True, flag="warmup")
     grad_clip: float = setting(1.0, help="Clip the global gradient norm to this (0 disables clipping).", low=0,
                                flag="grad-clip")
-    amp: str = setting("auto", help="Autocast while training: auto (bf16 or fp16 on CUDA, off on CPU), off, bf16 "
-                       "or fp16.", choices=AMP_CHOICES, flag="train-amp")
+    amp: str = setting("auto", help="Autocast while training: auto (bf16 or fp16 on CUDA, off on CPU and MPS), off, "
+                       "bf16 or fp16.", choices=AMP_CHOICES, flag="train-amp")
     distill: bool = setting(False, help="Also learn from the model before pruning (knowledge distillation).",
                             flag="distill")
     temperature: float = setting(4.0, help="Distillation softening temperature.", low=0, low_open=True,
@@ -58,6 +58,12 @@ class FineTune(Pass):
     alpha: float = setting(0.5, help="Weight of the distillation term (the label loss gets 1 - alpha).", low=0,
                            high=1, flag="alpha")
     seed: int = setting(0, help="Seed for the data order and training randomness.", low=0, flag="seed")
+    max_train_samples: int | None = setting(None, help="Train on at most this many samples of the train split "
+                                            "(a fixed subset drawn with the seed), for a quick try.", low=1,
+                                            flag="max-train-samples", metavar="N")
+    max_steps: int | None = setting(None, help="Stop after this many optimizer steps in all (the schedule is "
+                                    "sized to the steps run), for a quick try.", low=1, flag="max-steps",
+                                    metavar="N")
     checkpoint_every: int = setting(200, help="Checkpoint every this many steps as well as at each epoch end "
                                     "(0: epoch ends only).", low=0, flag="checkpoint-every")
     num_workers: int | str = workers_setting("auto")
@@ -80,10 +86,10 @@ class FineTune(Pass):
         return self.distill and self.teacher is None
 
     def apply(self, model: nn.Module) -> PassResult:
-        from optkit.data.datasets import dataset_info, load_dataset
+        from optkit.data import dataset_info, load_dataset
         from optkit.core.errors import DataError
         from optkit.analysis.metrics import model_device
-        from optkit.passes.finetune.loop import TrainConfig, fit
+        from optkit.passes.finetune.loop import fit
 
         if self.distill and self.teacher is None:
             raise DataError("distill needs the model before pruning: run the pass in a Pipeline, "
@@ -94,14 +100,8 @@ class FineTune(Pass):
         # The held-out val images stay the same whatever the training seed.
         train_set = _adapted(load_dataset(self.data, "train"), shape)
         val_set = _adapted(load_dataset(self.data, "val"), shape)
-        config = TrainConfig(
-            epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
-            warmup=self.warmup, grad_clip=self.grad_clip, amp=self.amp, alpha=self.alpha,
-            temperature=self.temperature, seed=self.seed, checkpoint=self.checkpoint,
-            checkpoint_every=self.checkpoint_every, resume=self.resume, device=self.device,
-            num_workers=self.num_workers)
         home = model_device(model)
-        result = fit(model, train_set, val_set, config, teacher=self.teacher if self.distill else None)
+        result = fit(model, train_set, val_set, self, teacher=self.teacher if self.distill else None)
         result.model.to(home)
         if self.teacher is not None:
             self.teacher.to(home)

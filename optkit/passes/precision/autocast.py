@@ -1,6 +1,8 @@
-"""Mixed precision: the autocast wrapper module and the rule that picks its dtype.
+"""Mixed precision: the autocast wrapper module and the rules that pick its dtype.
 
-The rule for ``auto`` (what the ``autocast`` pass and ``--amp auto`` use):
+Two rules: training wants bf16's fp32-sized exponent range (no loss scaling),
+running a model wants fp16's finer mantissa. The rule for ``auto`` when running
+a model (what the ``autocast`` pass and ``--amp auto`` use, :func:`resolve_amp`):
 
 * CUDA: float16 (every CUDA GPU runs it on tensor cores or at least natively);
 * MPS: float16;
@@ -12,6 +14,11 @@ The rule for ``auto`` (what the ``autocast`` pass and ``--amp auto`` use):
   them it still depends on the model (small layers lose to the casts), hence
   the measurement. ``benchmarks/throughput.py`` records this measurement for
   its model next to its training and eval throughput.
+
+The rule for ``auto`` when training (what fine-tuning and ``--train-amp auto``
+use, :func:`training_dtype`): bfloat16 on a CUDA GPU that supports it, else
+float16; off on CPU and MPS (an explicit ``bf16`` or ``fp16`` trains under
+autocast there too).
 """
 
 from __future__ import annotations
@@ -156,3 +163,25 @@ def resolve_amp(choice: str, device: torch.device, *, measure: Callable[[str | N
     if speedup >= CPU_BF16_MIN_SPEEDUP:
         return "bf16", {"rule": f"native bf16 and measured speedup >= {CPU_BF16_MIN_SPEEDUP}", **facts}
     return "off", {"rule": f"native bf16 but measured speedup < {CPU_BF16_MIN_SPEEDUP}", **facts}
+
+
+def training_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for training with ``amp`` on ``device`` (``None``: full precision).
+
+    Args:
+        amp: ``auto``, ``bf16``, ``fp16`` or ``off``; explicit choices are returned as given.
+        device: where the model trains.
+
+    Returns:
+        ``torch.bfloat16``, ``torch.float16`` or ``None``.
+
+    Raises:
+        ValueError: for an unknown choice.
+    """
+    if amp not in AMP_CHOICES:
+        raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}; got {amp!r}")
+    if amp == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return _DTYPES.get(amp)

@@ -1,4 +1,4 @@
-"""Distributed fine-tuning: two CPU processes (gloo) end with identical weights; torchrun drives the CLI."""
+"""Distributed fine-tuning: two CPU processes (gloo) end with identical weights; each torchrun worker gets its GPU."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from optkit.passes.finetune.loop import TrainConfig, fit
+from optkit.core.errors import OptkitError
+from optkit.passes.device.passes import resolve_device
+from optkit.passes.finetune.distributed import init_distributed, is_main_process
+from optkit.passes.finetune.loop import fit
+from optkit.passes.finetune.passes import FineTune
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _data() -> TensorDataset:
@@ -35,10 +39,11 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                               nn.Linear(144, 3))
         if rank == 0:
             torch.save(model.state_dict(), os.path.join(out_dir, "initial.pt"))
-        config = TrainConfig(epochs=2, batch_size=8, lr=1e-2, num_workers=0, progress=False,
-                             checkpoint=os.path.join(out_dir, "train.ckpt"))
-        result = fit(model, _data(), _data(), config)
-        torch.save({"weights": model.state_dict(), "history": result.history},
+        settings = FineTune(data="synthetic:64:1x6x6:3", epochs=2, batch_size=8, lr=1e-2, num_workers=0,
+                            device="cpu", checkpoint=os.path.join(out_dir, "train.ckpt"))
+        result = fit(model, _data(), _data(), settings, progress=False)
+        torch.save({"weights": model.state_dict(), "history": result.history,
+                    "joined": init_distributed(), "main": is_main_process()},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -51,12 +56,44 @@ def test_two_cpu_processes_end_with_identical_weights(tmp_path):
     for key, value in ranks[0]["weights"].items():
         assert torch.equal(value, ranks[1]["weights"][key]), key
     assert not torch.allclose(ranks[0]["weights"]["4.weight"], initial["4.weight"])
+    assert [r["joined"] for r in ranks] == [(0, 2), (1, 2)] and [r["main"] for r in ranks] == [True, False]
     # Both ranks report the same all-reduced figures, and only one checkpoint was written, for 2 processes.
     assert ranks[0]["history"] == ranks[1]["history"]
     saved = torch.load(tmp_path / "train.ckpt", weights_only=True)
     assert saved["settings"]["world_size"] == 2
     # 64 samples over 2 ranks in batches of 8: 4 steps per epoch.
     assert saved["state"]["step"] == 8
+
+
+def test_outside_torchrun_there_is_one_main_process(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert init_distributed() == (0, 1)
+    assert is_main_process()
+    monkeypatch.setenv("RANK", "1")
+    assert not is_main_process()
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+@pytest.mark.parametrize("local_rank, expected", [(None, "cuda:0"), ("0", "cuda:0"), ("1", "cuda:1")])
+def test_auto_device_is_this_workers_gpu(two_gpus, monkeypatch, local_rank, expected):
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert resolve_device("auto") == torch.device(expected)
+    assert resolve_device(None) == torch.device(expected)
+
+
+def test_more_workers_than_gpus_is_a_clear_error(two_gpus, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(OptkitError, match="only 2 CUDA GPU"):
+        resolve_device("auto")
 
 
 def _free_port() -> int:

@@ -1,0 +1,176 @@
+"""Which op groups to leave in FP32, found by timing them on this machine.
+
+INT8 is not faster everywhere: on a 2-core AVX-512 CPU, efficientnet_b0 hand-quantized
+ran no faster than FP32 (its SiLU = Sigmoid·Mul and depthwise convolutions gain nothing
+and pay for the extra Quantize/Dequantize steps). The rule here measures instead
+of guessing: the graph's quantizable nodes are grouped by op type (depthwise
+convolutions apart from the others), heaviest first (most weights, then most
+nodes), and quantized one group at a time on top of the groups already kept;
+each step is timed against the model before it, interleaved, and a group that
+makes the model more than :data:`MARGIN` slower is left in FP32. One group at a
+time on top of the others, not each group alone: a lone INT8 island among FP32
+layers pays for conversions at its borders that it would not pay in the full model.
+For the same reason the fully quantized model is timed last against the choice.
+
+The verdicts are cached per machine (CPU model, core count, ONNX Runtime
+version, thread count) and per graph structure (op types, attributes, weight
+shapes; not weight values), so a retrained model of the same architecture reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+
+#: How much slower quantizing a group must make the model for the group to stay FP32 (a noise guard).
+MARGIN = 0.05
+DEPTHWISE = "Conv(depthwise)"
+#: ``timer(paths) -> median milliseconds of each``, timed interleaved.
+Timer = Callable[[Sequence[Path]], list[float]]
+
+
+def op_groups(path: str | os.PathLike, op_types: Collection[str]) -> dict[str, list[str]]:
+    """The named nodes of ``op_types`` in an ONNX file, by group (op type; depthwise convolutions apart).
+
+    Returns:
+        ``{group: [node names]}``, heaviest group first: most weight values, then most nodes.
+    """
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
+    groups: dict[str, list[str]] = {}
+    weights: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type in op_types and node.name:
+            group = _group(node, shapes)
+            groups.setdefault(group, []).append(node.name)
+            weights[group] = weights.get(group, 0) + sum(math.prod(shapes[i]) for i in node.input if i in shapes)
+    return dict(sorted(groups.items(), key=lambda item: (-weights[item[0]], -len(item[1]))))
+
+
+def _group(node, shapes: dict[str, tuple[int, ...]]) -> str:
+    if node.op_type == "Conv":
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        weight = shapes.get(node.input[1]) if len(node.input) > 1 else None
+        if group > 1 and weight is not None and len(weight) > 1 and weight[1] == 1:
+            return DEPTHWISE
+    return node.op_type
+
+
+def measure_gains(fp32_path: Path, groups: dict[str, list[str]], build: Callable[[Collection[str]], Path],
+                  timer: Timer) -> tuple[dict[str, float], list[str]]:
+    """Quantize the groups one at a time, in order, keeping each that does not slow the model down.
+
+    A last step times the fully quantized model against the one chosen, and takes it when it is faster:
+    groups that each slow the model alone can speed it up together (no FP32/INT8 borders left between them).
+
+    Args:
+        fp32_path: the FP32 model (the first step's reference).
+        groups: ``{group: node names}`` in the order to try them (see :func:`op_groups`).
+        build: writes the model quantized with the given nodes left in FP32 and returns its path.
+        timer: times files interleaved (injected, so tests never time anything).
+
+    Returns:
+        ``({group: time before / time with the group quantized}, groups to leave in FP32)``; the key
+        ``"all"`` holds the chosen model's time / the fully quantized model's time when that step ran.
+    """
+    kept: list[str] = []
+    current = fp32_path
+    gains: dict[str, float] = {}
+    for name in groups:
+        chosen = {*kept, name}
+        candidate = build([node for group, nodes in groups.items() if group not in chosen for node in nodes])
+        gains[name] = _gain(timer([current, candidate]))
+        if gains[name] >= 1 - MARGIN:
+            kept.append(name)
+            current = candidate
+    slow = [name for name in groups if name not in kept]
+    if slow:
+        gains["all"] = _gain(timer([current, build(())]))
+        if gains["all"] > 1 + MARGIN:
+            slow = []
+    return gains, slow
+
+
+def _gain(times: list[float]) -> float:
+    before, after = times
+    return round(before / after, 4) if after > 0 else 1.0
+
+
+def graph_digest(path: str | os.PathLike) -> str:
+    """A hash of an ONNX graph's structure: op types, attributes, inputs and weight shapes (not weight values)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    h = hashlib.sha256()
+    for init in graph.initializer:
+        h.update(f"{init.name}:{tuple(init.dims)}:{init.data_type};".encode())
+    for node in graph.node:
+        attributes = [onnx.helper.get_attribute_value(a) for a in node.attribute if a.type != onnx.AttributeProto.TENSOR]
+        h.update(f"{node.op_type}|{list(node.input)}|{list(node.output)}|{attributes!r};".encode())
+    for value in graph.input:
+        h.update(str(value.type).encode())
+    return h.hexdigest()[:16]
+
+
+def machine_key(threads: int) -> str:
+    """What the op speeds depend on besides the graph: CPU model, core count, ONNX Runtime version, threads."""
+    import onnxruntime
+
+    return f"{_cpu_model()}|{os.cpu_count()} cpus|onnxruntime {onnxruntime.__version__}|{threads} threads"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def default_cache_path() -> Path:
+    """``int8-op-speed.json`` in optkit's cache folder (:func:`optkit.io.files.cache_dir`)."""
+    from optkit.io.files import cache_dir
+
+    return cache_dir() / "int8-op-speed.json"
+
+
+class GainCache:
+    """Measured verdicts kept in a JSON file: ``{machine key: {graph digest: {"gains": ..., "fp32_groups": ...}}}``."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, machine: str, digest: str) -> tuple[dict[str, float], list[str]] | None:
+        """The cached ``(gains, FP32 groups)`` for a graph on a machine, or ``None``."""
+        found = self._read().get(machine, {}).get(digest)
+        try:
+            return {str(k): float(v) for k, v in found["gains"].items()}, [str(g) for g in found["fp32_groups"]]
+        except (TypeError, KeyError, ValueError, AttributeError):
+            return None
+
+    def put(self, machine: str, digest: str, gains: dict[str, float], fp32_groups: list[str]) -> None:
+        """Store a verdict (atomically; a cache that cannot be written is skipped, it only saves time)."""
+        from optkit.io.files import write_text
+
+        data = self._read()
+        data.setdefault(machine, {})[digest] = {"gains": gains, "fp32_groups": fp32_groups}
+        try:
+            write_text(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+        except OSError:
+            pass

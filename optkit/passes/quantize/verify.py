@@ -1,0 +1,80 @@
+"""Checks that fit quantization: top-1 agreement with the FP32 model, relative output error, accuracy.
+
+INT8 outputs differ from FP32 ones by design, so an elementwise 1e-3 check
+would refuse every good model; what matters is that the INT8 model makes the
+same decisions on real inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from optkit.passes.quantize.calibration import Batches
+
+
+@dataclass
+class Agreement:
+    """INT8 against FP32 on the same inputs.
+
+    Attributes:
+        samples: inputs compared.
+        agreement: fraction of inputs whose top-1 class is the same.
+        relative_error: ``||int8 - fp32|| / ||fp32||`` over all outputs.
+        accuracy_fp32, accuracy_int8: top-1 accuracy when the inputs have labels that fit the outputs, else ``None``.
+    """
+
+    samples: int
+    agreement: float
+    relative_error: float
+    accuracy_fp32: float | None = None
+    accuracy_int8: float | None = None
+
+    @property
+    def accuracy_drop(self) -> float | None:
+        """FP32 accuracy minus INT8 accuracy (``None`` without labels)."""
+        if self.accuracy_fp32 is None or self.accuracy_int8 is None:
+            return None
+        return self.accuracy_fp32 - self.accuracy_int8
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "accuracy_drop": self.accuracy_drop}
+
+
+def outputs(path: str | os.PathLike, batches: Batches, *, threads: int = 1) -> np.ndarray:
+    """The first output of an ONNX model on every batch, stacked, flattened to ``samples × values``."""
+    from optkit.passes.quantize.latency import session
+
+    s = session(path, threads)
+    name = s.get_inputs()[0].name
+    return np.concatenate([s.run(None, {name: x})[0].reshape(len(x), -1) for x in batches.inputs])
+
+
+def agreement(fp32: np.ndarray, int8: np.ndarray, labels: np.ndarray | None = None) -> Agreement:
+    """Compare FP32 and INT8 outputs (``samples × classes``).
+
+    Accuracy is given only when every label indexes an output column.
+    """
+    top_fp32, top_int8 = fp32.argmax(axis=1), int8.argmax(axis=1)
+    norm = float(np.linalg.norm(fp32))
+    diff = float(np.linalg.norm(int8.astype(np.float64) - fp32))
+    result = Agreement(len(fp32), float(np.mean(top_fp32 == top_int8)), diff / norm if norm > 0 else diff)
+    if labels is not None and len(labels) == len(fp32) and labels.size and labels.max() < fp32.shape[1]:
+        result.accuracy_fp32 = float(np.mean(top_fp32 == labels))
+        result.accuracy_int8 = float(np.mean(top_int8 == labels))
+    return result
+
+
+def misses(result: Agreement, min_agreement: float, max_accuracy_drop: float) -> list[str]:
+    """What the INT8 model missed, in words (empty when it passes)."""
+    found = []
+    if result.agreement < min_agreement:
+        found.append(f"top-1 agreement {result.agreement:.2%} < {min_agreement:.2%}")
+    drop = result.accuracy_drop
+    if drop is not None and drop > max_accuracy_drop:
+        found.append(f"accuracy {result.accuracy_int8:.2%} vs {result.accuracy_fp32:.2%} FP32 "
+                     f"(drop {100 * drop:.2f} points > {100 * max_accuracy_drop:.2f})")
+    return found
