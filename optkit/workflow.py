@@ -11,6 +11,7 @@ from typing import Any
 from optkit.io import checkpoint, confirmed
 from optkit.core.errors import OptkitError
 from optkit.export.onnx import export_onnx, weights_sizes
+from optkit.analysis.evaluation import EvalSettings
 from optkit.analysis.model_info import layer_channels
 from optkit.io.models import LoadedModel
 from optkit.io.outputs import StagedOutputs, prepare_output_dir
@@ -77,7 +78,7 @@ def check_data(pipeline: Pipeline) -> None:
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
              on_pass: Callable[[int, int, str], None] | None = None, export: str | None = None,
-             latency: bool = False) -> dict[str, Any]:
+             latency: bool = False, evaluation: EvalSettings | None = None) -> dict[str, Any]:
     """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
     and ``channels.png`` (output channels per layer, before and after).
 
@@ -87,7 +88,9 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     :func:`optkit.export.onnx.export_onnx`) and the report gets an ``export``
     section with the compressed size of the weights before and after. With
     ``latency``, the model is timed before and after the passes (PyTorch
-    eager, where it lives) for the report.
+    eager, where it lives) for the report. With ``evaluation``, the original
+    model and the result after every pass, the ONNX file and the INT8 file are
+    scored on the same test images (see :mod:`optkit.analysis.evaluation`).
 
     Returns:
         the report (as written to ``report.json``).
@@ -111,11 +114,13 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     out = prepare_output_dir(out_dir, OUTPUT_FILES + EXPORT_FILES, force=force) if main else None
     check_runs(loaded, pipeline.input_shape)
     check_data(pipeline)
+    scorer = Scorer(evaluation, loaded.model, pipeline.input_shape) if evaluation is not None else None
     # Measured now: the passes change the model in place.
     weights_before = weights_sizes(loaded.model) if export and main else None
     channels = {"before": layer_channels(loaded.model)}
     timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
-    run = pipeline.run(loaded.model, on_pass=on_pass if main else None)
+    run = pipeline.run(loaded.model, on_pass=on_pass if main else None,
+                       after_pass=scorer.after_pass if scorer is not None else None)
     channels["after"] = layer_channels(checkpoint.unwrap(run.model))
     if timings is not None:
         timings["after"] = time_model(run.model, pipeline.input_shape)
@@ -136,6 +141,10 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         for name, section in exported.items():
             report["export" if name == "model.onnx" else "int8"] = section
             report["notes"].extend(section["notes"])
+            if scorer is not None:
+                scorer.score_onnx(name, staged.path(name))
+        if scorer is not None:
+            report["evaluation"] = scorer.section()
         if normalization:
             report["data"] = normalization
         if loaded.arch is None:
@@ -145,6 +154,37 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
     _remember_architecture(loaded, out)
     return report
+
+
+class Scorer:
+    """Scores the original model and each stage's result on the same test images, for the report."""
+
+    def __init__(self, settings: EvalSettings, model, input_shape: tuple[int, ...]):
+        from optkit.analysis import evaluation
+
+        self.settings = settings
+        self.eval_set = evaluation.load_eval_set(settings, model, input_shape)
+        self.reference = evaluation.torch_logits(model, self.eval_set, settings.batch_size)
+        self.stages = [{"stage": "original", **evaluation.score(self.reference, self.eval_set)}]
+
+    def after_pass(self, record, model) -> None:
+        """Score the model after a pass (a ``Pipeline.run`` ``after_pass`` hook)."""
+        from optkit.analysis import evaluation
+
+        logits = evaluation.torch_logits(model, self.eval_set, self.settings.batch_size)
+        self.stages.append({"stage": f"after {record.name}", **evaluation.score(logits, self.eval_set, self.reference)})
+
+    def score_onnx(self, name: str, path: Path) -> None:
+        """Score an exported file in ONNX Runtime."""
+        from optkit.analysis import evaluation
+
+        logits = evaluation.onnx_logits(path, self.eval_set, self.settings.batch_size)
+        self.stages.append({"stage": f"{name} (ONNX Runtime)", **evaluation.score(logits, self.eval_set, self.reference)})
+
+    def section(self) -> dict[str, Any]:
+        """The report's ``evaluation`` section."""
+        return {"data": self.eval_set.spec, "split": "test", "samples": len(self.eval_set.images),
+                "stages": self.stages}
 
 
 def _remember_architecture(loaded: LoadedModel, out_dir: Path) -> None:

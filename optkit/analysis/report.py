@@ -172,12 +172,47 @@ def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
         lines += ["", "## Skipped layers", ""]
         for name, layers in skipped.items():
             lines += [f"- {name}: `{layer}`: {reason}" for layer, reason in layers.items()]
+    lines += _evaluation_lines(report.get("evaluation"))
     lines += _export_lines(report.get("export"))
     if report["files"]:
         lines += ["", "## Files", ""] + [f"- `{name}`: {size:,} bytes" for name, size in report["files"].items()]
     if report["notes"]:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def evaluation_rows(evaluation: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """``(stage, accuracy, agreement, mean KL)`` per stage of the ``evaluation`` section, formatted."""
+    def fmt(value, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    return [(row["stage"], fmt(row["accuracy"], ".2%"), fmt(row["agreement"], ".2%"), fmt(row["mean_kl"], ".4f"))
+            for row in evaluation["stages"]]
+
+
+def evaluation_table(evaluation: dict[str, Any]):
+    """The ``evaluation`` section as a rich table for the console."""
+    from rich.table import Table
+
+    table = Table(title=_evaluation_title(evaluation))
+    for column in ("stage", "top-1 accuracy", "agreement", "mean KL"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for row in evaluation_rows(evaluation):
+        table.add_row(*row)
+    return table
+
+
+def _evaluation_title(evaluation: dict[str, Any]) -> str:
+    return f"Evaluation on the first {evaluation['samples']:,} {evaluation['split']} images of {evaluation['data']}"
+
+
+def _evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
+    if not evaluation:
+        return []
+    lines = ["", f"## {_evaluation_title(evaluation)}", "",
+             "Agreement and KL compare each stage's predictions with the original model's on the same images.", "",
+             "| stage | top-1 accuracy | agreement with original | mean KL |", "|---|---:|---:|---:|"]
+    return lines + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in evaluation_rows(evaluation)]
 
 
 def _channel_lines(report: dict[str, Any], plot: str | None) -> list[str]:
@@ -258,6 +293,8 @@ def print_report(report: dict[str, Any], console=None) -> None:
     for row in _rows(report):
         table.add_row(*row)
     console.print(table)
+    if report.get("evaluation"):
+        console.print(evaluation_table(report["evaluation"]))
     for p in report["passes"]:
         console.print(f"  {p['name']}: {p['seconds']:.2f} s")
     for note in report["notes"]:

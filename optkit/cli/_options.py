@@ -31,3 +31,30 @@ def model_options(input_shape_help: str = "Example input shape, e.g. 1,3,224,224
                      help="Allow full unpickling (runs code from the file): only for files you trust."),
     ]
     return with_options(options)
+
+
+def eval_options() -> Callable:
+    """``--eval SPEC`` and its options, generated from :class:`optkit.analysis.evaluation.EvalSettings`."""
+    from optkit.analysis.evaluation import EvalSettings
+    from optkit.cli.generated import setting_option, settings_flags
+
+    return with_options([setting_option(flag) for flag in settings_flags(EvalSettings).values()])
+
+
+def eval_settings(flags: dict):
+    """The :class:`EvalSettings` the ``--eval`` options give (``None`` without ``--eval``); pops their values.
+
+    Raises:
+        click.UsageError: for ``--eval-samples`` or ``--eval-batch-size`` without ``--eval``.
+    """
+    from optkit.analysis.evaluation import EvalSettings
+    from optkit.cli.generated import settings_flags, settings_from_flags
+
+    eval_flags = settings_flags(EvalSettings)
+    given = {flag.param: flags.pop(flag.param, None) for flag in eval_flags.values()}
+    if given["eval"] is None:
+        extra = [f"--{flag.name}" for flag in eval_flags.values() if given[flag.param] is not None]
+        if extra:
+            raise click.UsageError(f"{', '.join(extra)} set the evaluation: add --eval SPEC")
+        return None
+    return settings_from_flags(EvalSettings, eval_flags, given)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from optkit.cli import generated
-from optkit.cli._options import model_options
+from optkit.cli._options import eval_options, eval_settings, model_options
 from optkit.cli._run import int8_options
 from optkit.passes.quantize.settings import Int8Settings
 from optkit.export.settings import ExportSettings
@@ -23,6 +23,7 @@ _INT8_FLAGS = generated.settings_flags(Int8Settings)
 @generated.with_options(int8_options(_INT8_FLAGS, "Also write the INT8 model beside the ONNX file (NAME.int8.onnx), "
                                                  "quantized and checked on the task (needs --calib-data)."))
 @model_options()
+@eval_options()
 @click.option("--force", is_flag=True, help="Overwrite an existing ONNX file.")
 def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, trust, force, int8, **flags) -> None:
     """Export MODEL (torchvision:NAME or a checkpoint file) to ONNX, verified against PyTorch.
@@ -34,6 +35,7 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     from optkit.export.onnx import export_onnx
     from optkit.io import models
 
+    evaluation = eval_settings(flags)
     settings = generated.settings_from_flags(ExportSettings, _FLAGS, flags)
     int8_given = [f"--{f.name}" for f in _INT8_FLAGS.values() if flags.get(f.param) is not None]
     if int8_given and not int8:
@@ -50,6 +52,7 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
     shape = input_shape or models.infer_input_shape(loaded)
     workflow.check_runs(loaded, shape)
+    scorer = workflow.Scorer(evaluation, loaded.model, shape) if evaluation is not None else None
     result = export_onnx(loaded.model, onnx_path, shape, **settings.export_kwargs())
     checks = ", ".join(f"batch {v.batch_size}: max |diff| {v.max_abs_diff:.2g} <= {v.tolerance:.2g}" for v in result.verification)
     click.echo(f"Wrote {result.path} ({result.file_size:,} bytes, {result.compressed_size:,} gzipped) "
@@ -59,21 +62,15 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
         click.echo(f"note: {note}")
     if int8_settings is not None:
         _write_int8(Path(result.path), int8_path, int8_settings, shape)
+    if scorer is not None:
+        _print_scores(scorer, Path(result.path), int8_path if int8_settings is not None else None)
 
 
-def _write_int8(fp32_path: Path, int8_path: Path, settings: Int8Settings, shape: tuple[int, ...]) -> None:
-    from optkit import workflow
-    from optkit.core.errors import OptkitError
+def _print_scores(scorer, onnx_path: Path, int8_path: Path | None) -> None:
+    from rich.console import Console
 
-    try:
-        section = workflow.quantize_exported(fp32_path, int8_path, settings, shape)
-    except OptkitError:
-        # The INT8 file was refused; the FP32 file written for it goes too, so a failed run leaves nothing.
-        fp32_path.unlink(missing_ok=True)
-        raise
-    for note in section["notes"]:
-        click.echo(f"note: {note}")
-    for run in section["latency"]["runs"]:
-        click.echo(f"ONNX Runtime, batch {run['batch_size']}, {run['threads']} thread(s): FP32 "
-                   f"{run['fp32']['median_ms']:.2f} ms, INT8 {run['int8']['median_ms']:.2f} ms "
-                   f"({run['speedup']:.2f}x{', noisy' if run['noisy'] else ''})")
+    from optkit.analysis.report import evaluation_table
+
+    for path in [onnx_path, *([int8_path] if int8_path else [])]:
+        scorer.score_onnx(path.name, path)
+    Console().print(evaluation_table(scorer.section()))

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from optkit.cli import generated
-from optkit.cli._options import model_options
+from optkit.cli._options import eval_options, eval_settings, model_options
 from optkit.cli._run import builtin_classes, data_input_shape, finetune_run_options, show_epoch_lines
 from optkit.core.settings import SHARED_SETTINGS
 
@@ -38,6 +38,7 @@ def _training_options() -> list:
 @click.option("--teacher", "teacher_spec", help="Model to distil from with --distill (e.g. the model before pruning).")
 @model_options("Model input, e.g. 1,3,28,28; samples are repeated to its channels and resized to its size. "
                "Default: the data's image size with the model's input channels.")
+@eval_options()
 @click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
               help="Output folder for model.pt, recipe.toml, report.json, report.md and finetune.ckpt.")
 @click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
@@ -55,6 +56,7 @@ def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, t
     from optkit.io import models
     from optkit.passes.finetune.distributed import init_distributed, is_main_process
 
+    evaluation = eval_settings(flags)
     if flags.get("distill") and teacher_spec is None:
         raise click.UsageError("--distill needs --teacher MODEL (the model before pruning)")
     data = flags["data"]
@@ -70,7 +72,7 @@ def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, t
         recipe["device"] = flags["device"]
     pipeline = Pipeline.from_dict(recipe, source="command-line flags")
     finetune_run_options(pipeline, out_dir, resume=bool(flags.get("resume")), teacher=teacher)
-    report = workflow.optimize(loaded, pipeline, out_dir, force=force,
+    report = workflow.optimize(loaded, pipeline, out_dir, force=force, evaluation=evaluation,
                                on_pass=lambda i, n, name: console.print(f"[{i + 1}/{n}] running {name}"))
     if is_main_process():
         print_report(report, Console())

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from optkit.cli import _run, generated
-from optkit.cli._options import model_options
+from optkit.cli._options import eval_options, eval_settings, model_options
 from optkit.cli._run import builtin_classes, finetune_run_options, int8_options, show_epoch_lines
 from optkit.passes.quantize.settings import Int8Settings
 
@@ -37,6 +37,7 @@ def _pass_options() -> list:
 @click.argument("model")
 @generated.with_options(_pass_options())
 @model_options()
+@eval_options()
 @click.option("--recipe", "recipe_path", type=click.Path(dir_okay=False),
               help="Run the passes of this TOML recipe instead of building them from flags.")
 @click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
@@ -61,6 +62,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     from optkit.passes.finetune.distributed import init_distributed, is_main_process
 
     console = Console(stderr=True)
+    evaluation = eval_settings(flags)
     pipeline = _pipeline(recipe_path, input_shape, flags, generic_passes, int8)
     init_distributed()
     show_epoch_lines()
@@ -75,7 +77,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
         console.print(f"[{index + 1}/{total}] running {name}")
 
     report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, export=export_format,
-                               latency=latency)
+                               latency=latency, evaluation=evaluation)
     if is_main_process():
         print_report(report, Console())
         plot = ", channels.png" if report.get("layers") else ""

@@ -105,13 +105,15 @@ class Pipeline:
         return resolved
 
     def run(self, model: nn.Module, *, measure_stats: bool = True,
-            on_pass: Callable[[int, int, str], None] | None = None) -> PipelineRun:
+            on_pass: Callable[[int, int, str], None] | None = None,
+            after_pass: Callable[[PassRecord, nn.Module], None] | None = None) -> PipelineRun:
         """Run every pass in order.
 
         Args:
             model: the model; passes may change it in place.
             measure_stats: count params, MACs and sparsity before and after each pass.
             on_pass: called as ``on_pass(index, total, name)`` before each pass (progress).
+            after_pass: called as ``after_pass(record, model)`` after each pass (e.g. to evaluate the model).
 
         Returns:
             the final model, the stats before and after, and a record per pass.
@@ -137,6 +139,8 @@ class Pipeline:
             model = result.model
             stats = self._measure_after(name, model, records) if measure_stats else None
             records.append(PassRecord(name, seconds, stats, result.details))
+            if after_pass is not None:
+                after_pass(records[-1], model)
         after = records[-1].stats if records else before
         return PipelineRun(model, before, after, records)
 

@@ -36,7 +36,7 @@ class FineTune(Pass):
 
     name = "finetune"
     stage = Stage.TRAIN
-    data: str = setting(help="Dataset spec to train on: fashion-mnist[:DIR], imagefolder:DIR, mnist:DIR, "
+    data: str = setting(dataset=True, help="Dataset spec to train on: fashion-mnist[:DIR], imagefolder:DIR, mnist:DIR, "
                         "cifar10:DIR, synthetic:N[:CxHxW[:K]].", flag="finetune", enables=True, metavar="SPEC",
                         example="synthetic:64:1x28x28:10")
     epochs: int = setting(2, help="Passes over the training split.", low=1, flag="epochs")
@@ -86,8 +86,9 @@ class FineTune(Pass):
         return self.distill and self.teacher is None
 
     def apply(self, model: nn.Module) -> PassResult:
-        from optkit.data import dataset_info, load_dataset
         from optkit.core.errors import DataError
+        from optkit.data import dataset_info, load_dataset
+        from optkit.data.adapt import adapted, check_fits
         from optkit.analysis.metrics import model_device
         from optkit.passes.finetune.loop import fit
 
@@ -96,10 +97,11 @@ class FineTune(Pass):
                             "or give teacher=MODEL (optkit finetune --teacher SPEC)")
         info = dataset_info(self.data)
         shape = self.input_shape or (1, info.channels, *info.image_size)
-        _check_classes(model, shape, info.num_classes, self.data)
+        check_fits(model, shape, info.num_classes, self.data)
         # The held-out val images stay the same whatever the training seed.
-        train_set = _adapted(load_dataset(self.data, "train"), shape)
-        val_set = _adapted(load_dataset(self.data, "val"), shape)
+        train_set = adapted(load_dataset(self.data, "train"), shape)
+        val_set = adapted(load_dataset(self.data, "val"), shape)
+        warning = _chance_warning(model, val_set, info.num_classes, self.data)
         home = model_device(model)
         result = fit(model, train_set, val_set, self, teacher=self.teacher if self.distill else None)
         result.model.to(home)
@@ -110,6 +112,8 @@ class FineTune(Pass):
                    "history": result.history}
         if result.skipped_steps:
             details["skipped_fp16_steps"] = result.skipped_steps
+        if warning:
+            details["notes"] = [warning]
         return PassResult(result.model, details)
 
 
@@ -119,72 +123,19 @@ def _is_module(value: Any) -> bool:
     return isinstance(value, nn.Module)
 
 
-def _check_classes(model: nn.Module, shape: tuple[int, ...], num_classes: int, data: str) -> None:
-    import torch
-
-    from optkit.core.errors import DataError
-    from optkit.analysis.metrics import example_input
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            outputs = model(example_input(model, (2, *shape[1:])))
-    except Exception as e:
-        raise DataError(f"the model does not run on {data} samples shaped {tuple(shape[1:])} ({e}); "
-                        "set --input-shape to what the model expects") from e
-    finally:
-        model.train(was_training)
-    if outputs.dim() != 2 or outputs.shape[1] < num_classes:
-        raise DataError(f"the model gives {tuple(outputs.shape[1:])} outputs per sample but {data} has "
-                        f"{num_classes} classes; build it with --num-classes {num_classes}")
+#: Validation images scored before training to catch data the model was not trained on (wrong normalization).
+CHANCE_CHECK_SAMPLES = 512
 
 
-class _AdaptedInputs:
-    """A dataset view whose images are reshaped to the model's channels and size, a batch at a time."""
+def _chance_warning(model: nn.Module, val_set, num_classes: int, spec: str) -> str | None:
+    """Say so, before training, when the model scores near chance on the data (a mismatch, or untrained weights)."""
+    import logging
 
-    def __init__(self, dataset, channels: int, size: tuple[int, int]):
-        self.dataset, self.channels, self.size = dataset, channels, size
+    from optkit.analysis.accuracy import chance_warning, top1_accuracy
 
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        return self.__getitems__([index])[0]
-
-    def __getitems__(self, indices):
-        import torch
-
-        if hasattr(self.dataset, "__getitems__"):
-            samples = self.dataset.__getitems__(list(indices))
-        else:
-            samples = [self.dataset[i] for i in indices]
-        images = _adapt(torch.stack([image for image, _ in samples]), self.channels, self.size)
-        return list(zip(images.unbind(0), [label for _, label in samples]))
-
-
-def _adapt(images, channels: int, size: tuple[int, int]):
-    import torch.nn.functional as F
-
-    from optkit.core.errors import DataError
-
-    if images.shape[1] != channels:
-        if images.shape[1] == 1:
-            images = images.expand(-1, channels, -1, -1)
-        elif channels == 1:
-            images = images.mean(dim=1, keepdim=True)
-        else:
-            raise DataError(f"the data has {images.shape[1]}-channel images but the model takes {channels} "
-                            "channels; set --input-shape to the model's input")
-    if tuple(images.shape[-2:]) != tuple(size):
-        images = F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
-    return images.contiguous()
-
-
-def _adapted(dataset, shape: tuple[int, ...]):
-    if len(shape) != 4:
-        return dataset
-    image, _ = dataset[0]
-    if image.shape[0] == shape[1] and tuple(image.shape[-2:]) == tuple(shape[2:]):
-        return dataset
-    return _AdaptedInputs(dataset, shape[1], tuple(shape[2:]))
+    accuracy = top1_accuracy(model, val_set, max_samples=CHANCE_CHECK_SAMPLES)
+    warning = chance_warning(accuracy, num_classes, spec, what="the model before fine-tuning")
+    if warning:
+        warning += " (expected only when its weights are untrained)"
+        logging.getLogger(__name__).warning("warning: %s", warning)
+    return warning

@@ -67,13 +67,13 @@ def load_batches(spec: str | None, split: str, input_shape: Sequence[int], *, ba
     import torch
 
     from optkit.data.datasets import load_dataset
-    from optkit.passes.finetune.passes import _adapted
+    from optkit.data.adapt import adapted
 
     dataset = load_dataset(spec, split, augment=False)
     if len(dataset) == 0:
         raise DataError(f"the {split} split of {spec} has no images; calibration needs at least one batch "
                         "(give a larger dataset with --calib-data)")
-    dataset = _adapted(dataset, shape)
+    dataset = adapted(dataset, shape)
     count = min(samples, len(dataset))
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:count].sort().values.tolist()
     inputs, labels = [], []
