@@ -1,11 +1,11 @@
 """A ResNet-18-style network for 28x28 images (used by the throughput benchmark).
 
-Its residual block is the accuracy benchmark's (``fashion_resnet.BasicBlock``).
+Its residual block is the accuracy benchmark's (``optkit.demo.fashion_resnet.BasicBlock``).
 """
 
 from __future__ import annotations
 
-from fashion_resnet import BasicBlock
+from optkit.demo.fashion_resnet import BasicBlock
 from torch import nn
 
 

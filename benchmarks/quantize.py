@@ -14,7 +14,7 @@ in FP32 the op groups whose INT8 kernels measure slower on this machine. With
 random weights and random calibration the INT8 models are fit for timing only
 (their agreement is reported, not enforced). ``--fashion`` adds the accuracy
 part: the Fashion-MNIST baseline of ``benchmarks/accuracy.py``
-(``benchmarks/results/fashion_resnet.pt``) calibrated on real training images,
+(``optkit/demo/fashion_resnet.pt``) calibrated on real training images,
 with FP32 and INT8 accuracy on the 10,000 test images.
 
 Run (timings only mean something when nothing else heavy runs)::
@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from optkit.analysis.metrics import count_macs  # noqa: E402
+from optkit.demo import FASHION_RESNET  # noqa: E402
 from optkit.export.onnx import export_onnx  # noqa: E402
 from optkit.io.files import atomic_path, write_text  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
@@ -59,8 +60,8 @@ THREADS = (1, 2)
 INPUT_SHAPE = (1, 3, 224, 224)
 VARIANTS = ("fp32", "int8", "pruned_fp32", "pruned_int8")
 RESULTS = ROOT / "benchmarks" / "results"
-FASHION_BASELINE = RESULTS / "fashion_resnet.pt"
-FASHION_ARCH = "benchmarks.fashion_resnet:FashionResNet"
+FASHION_BASELINE = FASHION_RESNET
+FASHION_ARCH = "optkit.demo.fashion_resnet:FashionResNet"
 FASHION_SHAPE = (1, 1, 28, 28)
 NOTES = [
     "Random-init weights and random calibration inputs: the zoo's INT8 files are for timing; their top-1 agreement "
@@ -134,7 +135,28 @@ def bench_fashion(args, scratch: Path) -> dict:
             "agreement": result.agreement, "accuracy_fp32": result.accuracy_fp32,
             "accuracy_int8": result.accuracy_int8, "samples": result.samples},
             "test": on_test.to_dict(), "file_size": {"fp32": result.fp32_size, "int8": result.int8_size}})
-    return {"baseline": FASHION_BASELINE.name, "test_samples": int(len(labels)), "rows": rows}
+    pruned = pruned_finetuned(loaded.model, args, scratch, test, labels)
+    return {"baseline": FASHION_BASELINE.name, "test_samples": int(len(labels)), "rows": rows, "pruned": pruned}
+
+
+def pruned_finetuned(model, args, scratch: Path, test, labels) -> dict:
+    """Prune the baseline to half its MACs, recalibrate BatchNorm, fine-tune 2 epochs, then quantize (minmax)."""
+    from optkit.core.pipeline import Pipeline
+    from optkit.passes.batchnorm import RecalibrateBatchNorm
+    from optkit.passes.finetune import FineTune
+
+    start = time.perf_counter()
+    passes = [StructuredPrune(target_macs=0.5, round_to=2), RecalibrateBatchNorm(data="fashion-mnist", batches=20),
+              FineTune(data="fashion-mnist", epochs=args.fashion_epochs, amp="bf16", device="cpu", num_workers=0)]
+    run = Pipeline(passes, input_shape=FASHION_SHAPE).run(copy.deepcopy(model))
+    fp32_path, int8_path = scratch / "fashion-pruned-fp32.onnx", scratch / "fashion-pruned-int8.onnx"
+    export_onnx(run.model, fp32_path, FASHION_SHAPE)
+    settings = Int8Settings(calib_data="fashion-mnist", calibration_batches=16, batch_size=32, measure_ops=False)
+    result = quantize_onnx(fp32_path, int8_path, settings, input_shape=FASHION_SHAPE)
+    on_test = agreement(outputs(fp32_path, test), outputs(int8_path, test), labels)
+    return {"macs_ratio": run.after.macs / run.before.macs, "epochs": args.fashion_epochs,
+            "seconds": round(time.perf_counter() - start, 1), "excluded_nodes": result.excluded_nodes,
+            "test": on_test.to_dict(), "file_size": {"fp32": result.fp32_size, "int8": result.int8_size}}
 
 
 def to_markdown(report: dict) -> str:
@@ -165,6 +187,17 @@ def to_markdown(report: dict) -> str:
                          f"| {100 * t['accuracy_drop']:+.2f} | {t['agreement']:.2%} | {t['relative_error']:.4f} "
                          f"| {', '.join(r['excluded_nodes']) or 'none'} "
                          f"| {r['file_size']['fp32']:,} → {r['file_size']['int8']:,} B |")
+    if report.get("fashion") and report["fashion"].get("pruned"):
+        f = report["fashion"]
+        base = f["rows"][0]["test"]["accuracy_fp32"]
+        pr = f["pruned"]
+        t = pr["test"]
+        lines += ["", f"Pruned to {pr['macs_ratio']:.3f}× the MACs (target_macs 0.5, round_to 2), BatchNorm "
+                  f"recalibrated, fine-tuned {pr['epochs']} epochs ({pr['seconds']:.0f} s), then INT8 (minmax):", "",
+                  "| model | test accuracy | against the unpruned FP32 baseline (points) |", "|---|---:|---:|",
+                  f"| unpruned FP32 | {base:.2%} | |",
+                  f"| pruned + fine-tuned FP32 | {t['accuracy_fp32']:.2%} | {100 * (t['accuracy_fp32'] - base):+.2f} |",
+                  f"| pruned + fine-tuned INT8 | {t['accuracy_int8']:.2%} | {100 * (t['accuracy_int8'] - base):+.2f} |"]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -214,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fashion", action="store_true", help="add the Fashion-MNIST accuracy part")
     parser.add_argument("--methods", default="minmax,entropy,percentile", help="calibration methods (--fashion)")
     parser.add_argument("--fashion-test-size", type=int, default=10000, help="test images for --fashion")
+    parser.add_argument("--fashion-epochs", type=int, default=2, help="fine-tune epochs of the pruned model (--fashion)")
     parser.add_argument("--torch-threads", type=int, default=2, help="torch threads for pruning and export")
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     parser.add_argument("--out", default=str(RESULTS / "quantize"), help="output path without extension")

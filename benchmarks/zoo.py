@@ -1,4 +1,4 @@
-"""Structured pruning (ratio 0.3) on every torchvision classification model.
+"""Structured pruning (ratio 0.3) on a model zoo: torchvision classification models, or a timm set.
 
 Each model runs in its own subprocess under a memory cap and a time limit, so
 one model that loops or blows up cannot hang or kill the run. For each model
@@ -8,11 +8,17 @@ and the layers left untouched (with reasons, in the JSON). The same run also
 times pruning resnet50 with optkit against calling torch-pruning directly with
 the same settings.
 
+With ``--zoo timm`` it prunes a development set of timm architectures
+(random weights, each at its default input size) and records, side by side,
+what calling torch-pruning directly does (ok, error or hang, under the same
+time limit), and per model the layers optkit held at full width and why.
+
 Usage (timings matter, so hold the shared benchmark lock):
 
     flock /tmp/optkit-bench.lock python benchmarks/zoo.py
+    flock /tmp/optkit-bench.lock python benchmarks/zoo.py --zoo timm
 
-Writes benchmarks/results/zoo.json and benchmarks/results/zoo.md.
+Writes benchmarks/results/zoo.{json,md} (torchvision) or zoo-timm.{json,md}.
 """
 
 from __future__ import annotations
@@ -38,6 +44,17 @@ PRUNE_TIMEOUT_S = 240.0
 PROCESS_SLACK_S = 180.0
 COMPARE_REPEATS = 9
 COMPARE = "compare:resnet50"
+TIMM_PREFIX = "timm:"
+DIRECT_TIMEOUT_S = 60.0
+TIMM_MODELS = (
+    "xcit_nano_12_p16_224 crossvit_tiny_240 pit_ti_224 convit_tiny visformer_tiny tnt_s_patch16_224 nest_tiny "
+    "volo_d1_224 efficientvit_b0 efficientvit_m0 repvit_m0_9 tiny_vit_5m_224 maxvit_nano_rw_256 coatnet_nano_rw_224 "
+    "davit_tiny focalnet_tiny_srf twins_svt_small swin_tiny_patch4_window7_224 hiera_tiny_224 eva02_tiny_patch14_224 "
+    "caformer_s18 shvit_s1 swiftformer_xs fasternet_t0 starnet_s1 mambaout_femto hgnetv2_b0 ghostnetv2_100 "
+    "repghostnet_100 spnasnet_100 hardcorenas_a semnasnet_075 fbnetv3_b xception41p tresnet_m sequencer2d_s "
+    "gmlp_ti16_224 mixer_s16_224 resmlp_12_224 halonet26t lambda_resnet26t cs3darknet_s darknet17 gcresnet33ts "
+    "vovnet39a legacy_seresnet18 inception_next_atto"
+).split()
 
 
 def input_shape(name: str, size: int) -> tuple[int, int, int, int]:
@@ -74,6 +91,68 @@ def run_model(name: str, size: int, time_limit: float) -> dict:
         "output_shape_ok": list(out.shape) == [shape[0], 1000], "backward_ok": True,
         "skipped_count": len(skipped), "skipped_layers": skipped,
     }
+
+
+def run_timm_model(name: str, time_limit: float) -> dict:
+    """Prune one timm model with optkit and with torch-pruning directly (runs inside the worker subprocess)."""
+    import timm
+    import torch
+
+    from optkit.analysis.metrics import count_macs, count_params
+    from optkit.passes.prune.passes import StructuredPrune
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False)
+    shape = (1, *model.pretrained_cfg["input_size"])
+    direct = direct_timm(name, shape, min(time_limit, DIRECT_TIMEOUT_S))
+    macs0, params0 = count_macs(model, shape), count_params(model)
+    reference = model.eval()(torch.randn(*shape)).shape
+    start = time.perf_counter()
+    details = StructuredPrune(ratio=RATIO, input_shape=shape, timeout_s=time_limit).apply(model).details
+    seconds = time.perf_counter() - start
+    macs1, params1 = count_macs(model, shape), count_params(model)
+    model.train()
+    out = model(torch.randn(2, *shape[1:]))
+    out.float().sum().backward()
+    held = details.get("held_layers", {})
+    return {
+        "model": name, "status": "ok", "input_shape": list(shape),
+        "macs_ratio": round(macs1 / macs0, 4), "params_ratio": round(params1 / params0, 4),
+        "prune_seconds": round(seconds, 2), "output_shape_ok": out.shape[1:] == reference[1:], "backward_ok": True,
+        "held_count": len(held), "held_layers": held, "shortfall": details.get("shortfall"),
+        "fallback": details.get("fallback"), "skipped_count": len(details["skipped_layers"]),
+        "skipped_layers": details["skipped_layers"], "direct": direct,
+    }
+
+
+def direct_timm(name: str, shape: tuple[int, ...], limit: float) -> dict:
+    """What calling torch-pruning directly does on a fresh copy: ok (runs after), error, or hang."""
+    import timm
+    import torch
+    import torch_pruning as tp
+
+    from optkit.passes.prune.limits import TimeLimitExceeded, time_limit
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).eval()
+    example = torch.randn(*shape)
+    reference = model(example).shape
+    head = model.get_classifier()
+    start = time.perf_counter()
+    try:
+        with time_limit(limit):
+            pruner = tp.pruner.BasePruner(model, example, importance=tp.importance.GroupMagnitudeImportance(p=1),
+                                          pruning_ratio=RATIO, round_to=8,
+                                          ignored_layers=[head] if isinstance(head, torch.nn.Module) else [])
+            pruner.step()
+            out = model(example)
+            out.float().sum().backward()
+        status = "ok" if out.shape == reference else "output shape changed"
+        return {"status": status, "seconds": round(time.perf_counter() - start, 2)}
+    except TimeLimitExceeded:
+        return {"status": "hang", "error": f"no result within {limit:g} s"}
+    except Exception as e:  # its failure is the measurement
+        return {"status": "error", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"}
 
 
 def compare_resnet50() -> dict:
@@ -121,7 +200,12 @@ def worker(args: argparse.Namespace) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     for task in args.worker:
         try:
-            result = compare_resnet50() if task == COMPARE else run_model(task, args.size, args.time_limit)
+            if task == COMPARE:
+                result = compare_resnet50()
+            elif task.startswith(TIMM_PREFIX):
+                result = run_timm_model(task[len(TIMM_PREFIX):], args.time_limit)
+            else:
+                result = run_model(task, args.size, args.time_limit)
         except Exception as e:  # one model's failure is a result, not the end of the run
             result = {"model": task, "status": "error", "error": f"{type(e).__name__}: {str(e)[:300]}"}
         print("RESULT " + json.dumps(result), flush=True)
@@ -149,6 +233,7 @@ def run_all(tasks: list[str], on_result, args: argparse.Namespace) -> list[dict]
                     line, buffer = buffer.split("\n", 1)
                     if line.startswith("RESULT "):
                         results.append(json.loads(line[len("RESULT "):]))
+                        results[-1]["model"] = results[-1]["model"].removeprefix(TIMM_PREFIX)
                         on_result(results[-1])
                         pending.pop(0)
                         deadline = time.monotonic() + process_timeout
@@ -159,7 +244,7 @@ def run_all(tasks: list[str], on_result, args: argparse.Namespace) -> list[dict]
             stderr = proc.communicate()[1]
             why = (f"no result within {process_timeout:g} s" if proc.returncode == -9 and not ready
                    else (stderr.strip().splitlines() or [f"worker exited with code {proc.returncode}"])[-1][:300])
-            results.append({"model": pending.pop(0), "status": "error", "error": why})
+            results.append({"model": pending.pop(0).removeprefix(TIMM_PREFIX), "status": "error", "error": why})
             on_result(results[-1])
             break
         else:
@@ -226,7 +311,9 @@ def _skipped_summary(skipped: dict[str, str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--models", nargs="*", help="only these models (default: all classification models)")
+    parser.add_argument("--zoo", choices=("torchvision", "timm"), default="torchvision",
+                        help="which zoo: torchvision classification models, or the timm development set")
+    parser.add_argument("--models", nargs="*", help="only these models (default: the whole zoo)")
     parser.add_argument("--size", type=int, default=224, help="input height and width (ViT and MaxViT always use 224)")
     parser.add_argument("--parallel", type=int, default=1, help="worker subprocesses running models at once")
     parser.add_argument("--time-limit", type=float, default=PRUNE_TIMEOUT_S, help="seconds each model may spend pruning")
@@ -241,6 +328,10 @@ def main() -> None:
         return
     if args.compare_only:
         rerun_comparison(args)
+        return
+
+    if args.zoo == "timm":
+        run_timm_zoo(args)
         return
 
     import torch
@@ -285,6 +376,82 @@ def main() -> None:
     for thread in threads:
         thread.join()
     save()
+
+
+def run_timm_zoo(args: argparse.Namespace) -> None:
+    """Prune the timm set one model at a time, saving zoo-timm.{json,md} after each."""
+    import timm
+    import torch
+    import torch_pruning
+
+    from optkit.io.files import write_text
+
+    names = args.models or list(TIMM_MODELS)
+    started = time.perf_counter()
+    data = {
+        "command": "python " + " ".join(["benchmarks/zoo.py", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "torch": torch.__version__,
+        "timm": timm.__version__, "torch_pruning": torch_pruning.__version__, "note": args.note, "ratio": RATIO,
+        "time_limit_s": args.time_limit, "direct_time_limit_s": min(args.time_limit, DIRECT_TIMEOUT_S),
+        "memory_cap_gib": args.memory_cap_gib, "models": [], "pending": list(names),
+    }
+
+    def report(row: dict) -> None:
+        data["models"].append(row)
+        data["pending"].remove(row["model"])
+        data["total_seconds"] = round(time.perf_counter() - started, 1)
+        write_text(RESULTS / "zoo-timm.json", json.dumps(data, indent=1) + "\n")
+        write_text(RESULTS / "zoo-timm.md", timm_markdown(data))
+        summary = (f"macs {row['macs_ratio']:.3f}, {row['held_count']} held, {row['prune_seconds']:.1f} s, "
+                   f"direct {row['direct']['status']}" if row["status"] == "ok" else f"error: {row['error']}")
+        print(f"[{len(data['models'])}/{len(names)}] {row['model']}: {summary}", flush=True)
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    run_all([TIMM_PREFIX + name for name in names], report, args)
+
+
+def timm_markdown(data: dict) -> str:
+    rows = data["models"]
+    ok = [r for r in rows if r["status"] == "ok" and r["output_shape_ok"] and r["backward_ok"]]
+    reached = [r for r in ok if r["macs_ratio"] <= 0.75]
+    direct_ok = [r for r in rows if r.get("direct", {}).get("status") == "ok"]
+    total = len(rows) + len(data["pending"])
+    lines = [
+        "# Structured pruning on a timm development set",
+        "",
+        f"Command: `{data['command']}`",
+        "",
+        *([data["note"], ""] if data.get("note") else []),
+        f"Machine: {data['machine']}; torch {data['torch']}, timm {data['timm']}, torch-pruning "
+        f"{data['torch_pruning']}. Random-init weights (`pretrained=False`), each model at its default input size, "
+        f"ratio {RATIO}, round_to 8, L1 importance, optkit's default limits (a {data['time_limit_s']:g} s limit per try). "
+        f"torch-pruning called directly: `BasePruner` with the classifier ignored, the same ratio and round_to, "
+        f"a {data['direct_time_limit_s']:g} s limit; ok means it finished and the model then ran forward and "
+        "backward with the same output shape.",
+        "",
+        f"optkit: **{len(ok)} of {total}** prune and run (forward, backward, output shape unchanged); "
+        f"**{len(reached)}** reach a MACs ratio of at most 0.75. torch-pruning directly: {len(direct_ok)} of "
+        f"{len(rows)} run.",
+        "",
+        "| model | optkit | MACs after/before | params after/before | held layers | prune s (trials) | "
+        "torch-pruning directly |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | |")
+            continue
+        result = "ok" if r["output_shape_ok"] and r["backward_ok"] else "output shape changed"
+        direct = r["direct"]["status"] + (f": {r['direct']['error']}" if "error" in r["direct"] else "")
+        trials = (r.get("fallback") or {}).get("trials", 1)
+        lines.append(f"| {r['model']} | {result} | {r['macs_ratio']:.3f} | {r['params_ratio']:.3f} | "
+                     f"{r['held_count']}: {_skipped_summary(r['held_layers'])} | {r['prune_seconds']:.1f} ({trials}) | "
+                     f"{direct.replace('|', '/')} |")
+    if data["pending"]:
+        lines += ["", f"Not run (the run was cut short): {', '.join(data['pending'])}."]
+    lines += ["", "Held layers are group roots the fallback kept at full width, each with the error pruning it "
+              "caused (the JSON has every one, and all skipped layers)."]
+    return "\n".join(lines) + "\n"
 
 
 def rerun_comparison(args: argparse.Namespace) -> None:

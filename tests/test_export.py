@@ -186,21 +186,24 @@ def test_auto_reports_both_exporters_when_neither_matches(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+_REAL_RUN = ort.InferenceSession.run
+
+
+def _shifted_run(shift: float):
+    """An ``InferenceSession.run`` whose outputs are all moved by ``shift`` (a stand-in for a wrong export)."""
+    return lambda self, *a, **k: [out + np.float32(shift) for out in _REAL_RUN(self, *a, **k)]
+
+
 def test_mismatch_is_judged_relative_to_output_magnitude(tmp_path, monkeypatch):
     # Outputs near 1e4 (like huge random-init logits): a 1e-2 absolute difference is
     # fine at rtol 1e-3, and a difference of 2e-3 relative is not.
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     with torch.no_grad():
         model[1].bias.fill_(1e4)
-    real_run = ort.InferenceSession.run
-
-    def shifted(shift):
-        return lambda self, *a, **k: [out + np.float32(shift) for out in real_run(self, *a, **k)]
-
-    monkeypatch.setattr(ort.InferenceSession, "run", shifted(1e-2))
+    monkeypatch.setattr(ort.InferenceSession, "run", _shifted_run(1e-2))
     result = export_onnx(model, tmp_path / "ok.onnx", (1, 3, 2, 2), exporter="torchscript")
     assert 9e-3 < result.verification[0].max_abs_diff < 1.1e-2
-    monkeypatch.setattr(ort.InferenceSession, "run", shifted(20.0))
+    monkeypatch.setattr(ort.InferenceSession, "run", _shifted_run(20.0))
     with pytest.raises(ExportError, match=r"max \|diff\| 20 "):
         export_onnx(model, tmp_path / "bad.onnx", (1, 3, 2, 2), exporter="torchscript")
     assert os.listdir(tmp_path) == ["ok.onnx"]
@@ -335,17 +338,12 @@ def test_fp16_default_tolerance_is_two_percent_of_the_output_scale(tmp_path, mon
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     with torch.no_grad():
         model[1].bias.fill_(100.0)
-    real_run = ort.InferenceSession.run
-
-    def shifted(shift):
-        return lambda self, *a, **k: [out + np.float32(shift) for out in real_run(self, *a, **k)]
-
-    monkeypatch.setattr(ort.InferenceSession, "run", shifted(1.0))
+    monkeypatch.setattr(ort.InferenceSession, "run", _shifted_run(1.0))
     result = export_onnx(model, tmp_path / "ok.onnx", (1, 3, 2, 2), fp16=True, exporter="torchscript")
     for check in result.verification:
         assert check.tolerance == pytest.approx(0.02 * check.max_abs_ref, rel=1e-9)
         assert 95 < check.max_abs_ref < 105
-    monkeypatch.setattr(ort.InferenceSession, "run", shifted(3.0))
+    monkeypatch.setattr(ort.InferenceSession, "run", _shifted_run(3.0))
     with pytest.raises(ExportError, match=r"rtol 0.02 "):
         export_onnx(model, tmp_path / "bad.onnx", (1, 3, 2, 2), fp16=True, exporter="torchscript")
 

@@ -18,10 +18,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Peak RSS budgets (MiB), about 1.35x the figures measured for resnet50 at 1x3x224x224:
-#: pruning ~950 MiB, pruning then export (TorchScript exporter) ~1070 MiB.
-PRUNE_BUDGET_MIB = 1300
-EXPORT_BUDGET_MIB = 1400
+#: Peak RSS budgets (MiB), about 1.2x the figures measured for resnet50 at 1x3x224x224: pruning ~1420 MiB,
+#: up from ~950 since structured pruning works on a copy and checks it with a forward and backward pass
+#: before adopting it (the caller's model is never left half-changed), which holds the copy's activations
+#: and gradients at that input size.
+PRUNE_BUDGET_MIB = 1700
+EXPORT_BUDGET_MIB = 1800
 
 DRIVER = r"""
 import json, resource, sys, tempfile

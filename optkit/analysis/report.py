@@ -109,14 +109,15 @@ def _small_channel_cuts(run: PipelineRun) -> list[str]:
 def skipped_layers(report: dict[str, Any]) -> dict[str, dict[str, str]]:
     """The layers each pass left untouched, by pass: ``{pass: {layer: reason}}``.
 
-    Reads ``details.skipped_layers`` (a name -> reason mapping) or
-    ``details.ignored_layers`` (a list of names) of each pass.
+    Reads ``details.skipped_layers`` and ``details.held_layers`` (name -> reason
+    mappings) or ``details.ignored_layers`` (a list of names) of each pass.
     """
     out: dict[str, dict[str, str]] = {}
     for p in report["passes"]:
         details = p.get("details") or {}
-        skipped = details.get("skipped_layers")
-        if isinstance(skipped, dict) and skipped:
+        skipped = {**(details.get("skipped_layers") or {}),
+                   **{name: f"held at full width: {reason}" for name, reason in (details.get("held_layers") or {}).items()}}
+        if skipped:
             out[p["name"]] = {str(k): str(v) for k, v in skipped.items()}
         elif details.get("ignored_layers"):
             out[p["name"]] = {str(n): "ignored (the classifier, or matched an ignored_layers pattern)"

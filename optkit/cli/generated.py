@@ -234,6 +234,11 @@ def _applies_to(flag: Flag, flags: dict[str, Flag], classes: dict[str, type]) ->
 
 
 def _entry(cls: type, values: dict[str, Any], flags: dict[str, Flag]) -> dict[str, Any]:
+    for f in dataclasses.fields(cls):
+        spec = declared(f)
+        clash = [name for name in (spec.replaces if spec else ()) if f.name in values and name in values]
+        if clash:
+            raise click.UsageError(_in_flag_words(f"{f.name} replaces {clash[0]}: give one of them", cls, flags))
     try:
         cls(**values)
     except (ValueError, TypeError) as e:

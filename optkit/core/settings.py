@@ -51,13 +51,15 @@ class Setting:
     example: Any = None
     accepts: str | None = None
     dataset: bool = False
+    replaces: tuple[str, ...] = ()
 
 
 def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | None = None,
             low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False,
             also: tuple[str, ...] = (), check: Callable[[Any], Any] | None = None, recipe: bool = True,
             flag: str | None = None, enables: bool = False, metavar: str | None = None, example: Any = None,
-            dataset: bool = False, default_factory: Any = MISSING, compare: bool = True, repr: bool = True) -> Any:
+            dataset: bool = False, replaces: tuple[str, ...] = (), default_factory: Any = MISSING,
+            compare: bool = True, repr: bool = True) -> Any:
     """Declare a dataclass field as a setting.
 
     Args:
@@ -74,6 +76,8 @@ def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | Non
         metavar: the option's metavar in ``--help``.
         example: a valid value for a required setting (used by docs and the contract tests).
         dataset: the value is a dataset spec, checked to be readable before any pass runs.
+        replaces: fields this one overrides when set (``target_macs`` replaces ``ratio``): giving both
+            on the command line is an error.
         default_factory, compare, repr: as for :func:`dataclasses.field`.
 
     Returns:
@@ -81,7 +85,8 @@ def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | Non
     """
     declared = Setting(help=help, choices=tuple(choices) if choices else None, low=low, high=high,
                        low_open=low_open, high_open=high_open, also=tuple(also), check=check, recipe=recipe,
-                       flag=flag, enables=enables, metavar=metavar, example=example, dataset=dataset)
+                       flag=flag, enables=enables, metavar=metavar, example=example, dataset=dataset,
+                       replaces=tuple(replaces))
     kwargs: dict[str, Any] = {"metadata": {_KEY: declared}, "compare": compare, "repr": repr}
     if default_factory is not MISSING:
         kwargs["default_factory"] = default_factory

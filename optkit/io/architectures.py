@@ -75,13 +75,23 @@ def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
         raise ModelLoadError(f"cannot build torchvision:{name} with {kwargs}: {e}") from e
 
 
-def _build_class(module_name: str, class_name: str, kwargs: dict[str, Any]) -> nn.Module:
+def import_module_class(module_name: str, class_name: str) -> type[nn.Module]:
+    """Import ``module_name`` (which runs its code: callers decide whether that is allowed) and return its class.
+
+    Raises:
+        ModelLoadError: if it cannot be imported or is not an ``nn.Module`` class.
+    """
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as e:
         raise ModelLoadError(f"cannot import {module_name}:{class_name} ({e}); is its package on PYTHONPATH?") from e
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ModelLoadError(f"{module_name}:{class_name} is not an nn.Module class")
+    return cls
+
+
+def _build_class(module_name: str, class_name: str, kwargs: dict[str, Any]) -> nn.Module:
+    cls = import_module_class(module_name, class_name)
     parameters = inspect.signature(cls).parameters
     accepted = {k: v for k, v in kwargs.items() if k in parameters or any(
         p.kind is p.VAR_KEYWORD for p in parameters.values())}

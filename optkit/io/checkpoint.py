@@ -17,7 +17,6 @@ Everything in the file is tensors and plain Python values, so
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Any
@@ -28,7 +27,7 @@ from torch import nn
 from optkit import __version__
 from optkit.io.files import atomic_path
 from optkit.core.errors import ModelLoadError
-from optkit.io.architectures import ArchSpec
+from optkit.io.architectures import ArchSpec, import_module_class
 
 FORMAT = "optkit.slimmed"
 VERSION = 1
@@ -194,13 +193,7 @@ def _import_class(qualified: str, allowed: tuple[str, ...], trust: bool) -> type
     if not trust and not qualified.startswith(allowed):
         raise ModelLoadError(f"checkpoint asks for class {qualified}, outside torch.nn/torchvision/optkit; pass --trust to allow it")
     module_name, _, class_name = qualified.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as e:
-        raise ModelLoadError(f"checkpoint needs class {qualified}, which cannot be imported: {e}") from e
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ModelLoadError(f"checkpoint names {qualified}, which is not an nn.Module class")
-    return cls
+    return import_module_class(module_name, class_name)
 
 
 def _apply_entry(model: nn.Module, path: str, entry: dict[str, Any], allowed: tuple[str, ...], trust: bool) -> None:

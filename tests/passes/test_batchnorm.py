@@ -435,7 +435,7 @@ def test_optimize_flags_build_batchnorm_entries():
         pass_entries_from_flags({**base, "recalibrate_bn": 5, "calib_data": None})
     with pytest.raises(click.UsageError, match=r"--calib-data is a setting of insert_batchnorm \(--insert-bn\).*"
                                                r"recalibrate_batchnorm \(--recalibrate-bn\)"):
-        pass_entries_from_flags({**base, "calib_data": "fashion-mnist"})
+        pass_entries_from_flags({"fold_bn": True, "calib_data": "fashion-mnist"})
 
 
 def test_optimize_cli_folds_batchnorm(tmp_path):

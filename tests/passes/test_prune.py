@@ -11,7 +11,6 @@ from torch import nn
 from optkit.io import checkpoint
 
 from optkit.core import recipe
-from optkit.core.errors import OptkitError
 from optkit.analysis.metrics import count_macs, count_params, weight_sparsity
 from optkit.io.models import ArchSpec, load_model, torchvision_names
 from optkit.passes.prune import limits as _prune_limits
@@ -339,9 +338,14 @@ def test_skipped_layers_dry_run():
     assert "stage4.0.branch1.0" in shuffle
 
 
-def test_time_limit_stops_with_a_clear_error():
-    with pytest.raises(OptkitError, match="did not finish within"):
-        StructuredPrune(input_shape=SMALL, timeout_s=1e-4).apply(build("densenet121"))
+def test_time_limit_leaves_the_model_unchanged_with_a_clear_shortfall():
+    model = build("densenet121")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    details = StructuredPrune(input_shape=SMALL, timeout_s=1e-4, fallback_trials=2).apply(model).details
+    assert "did not finish within" in details["shortfall"] and "unchanged" in details["shortfall"]
+    assert details["pruned_layers"] == 0
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_time_limit_interrupts_a_python_loop():
@@ -372,25 +376,19 @@ def test_pruned_model_round_trips_through_a_checkpoint(name, tmp_path):
         torch.testing.assert_close(reloaded(x), model(x), rtol=1e-4, atol=1e-4)
 
 
-def cli_flags(**overrides):
-    flags = {"ratio": None, "method": "structured", "round_to": 8, "importance": "l1", "global_": False,
-             "iterative_steps": 1, "target_macs": None, "target_params": None, "calib_data": None}
-    return {**flags, **overrides}
-
-
 def test_cli_flags_build_structured_prune_entries():
     import click
 
     from optkit.cli.optimize import pass_entries_from_flags
 
-    entry = pass_entries_from_flags(cli_flags(target_macs=0.5, iterative_steps=3, importance="taylor",
-                                              calib_data="fashion-mnist"))[0]
-    assert entry == {"name": "structured_prune", "round_to": 8, "importance": "taylor", "global": False,
-                     "target_macs": 0.5, "iterative_steps": 3, "data": "fashion-mnist"}
+    entry = pass_entries_from_flags({"target_macs": 0.5, "iterative_steps": 3, "importance": "taylor",
+                                     "calib_data": "fashion-mnist"})[0]
+    assert entry == {"name": "structured_prune", "importance": "taylor", "target_macs": 0.5, "iterative_steps": 3,
+                     "data": "fashion-mnist"}
     assert recipe.from_dict({"pass": [entry]})["passes"][0].target_macs == 0.5
     with pytest.raises(click.UsageError, match="calib-data"):
-        pass_entries_from_flags(cli_flags(ratio=0.3, importance="taylor"))
+        pass_entries_from_flags({"prune": 0.3, "importance": "taylor"})
     with pytest.raises(click.UsageError, match="not both"):
-        pass_entries_from_flags(cli_flags(target_macs=0.5, target_params=0.5))
-    with pytest.raises(click.UsageError, match="replace --prune"):
-        pass_entries_from_flags(cli_flags(ratio=0.3, target_params=0.5))
+        pass_entries_from_flags({"target_macs": 0.5, "target_params": 0.5})
+    with pytest.raises(click.UsageError, match="--target-params replaces --prune: give one of them"):
+        pass_entries_from_flags({"prune": 0.3, "target_params": 0.5})

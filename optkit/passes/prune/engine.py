@@ -98,13 +98,9 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
     """
     from torch import nn
 
-    own = set(root.modules())
     support = arch_support(root)
-    held = {m: reason for m, reason in held.items() if m in own}
-    modules = dict(root.named_modules())
-    for name, reason in support.fixed.items():
-        held.setdefault(modules[name], reason)
-    overrides = {m: value for m, value in overrides.items() if m in own}
+    held = _own_held(root, held, support)
+    overrides = {m: value for m, value in overrides.items() if m in set(root.modules())}
     outputs: list = []
     was_training = root.training
     try:
@@ -112,9 +108,7 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
             warnings.simplefilter("ignore")
             pruner = _pruner_class()(
                 root,
-                # A tuple is unpacked as the arguments; a bare tensor would first be
-                # unpacked along its batch dimension and traced twice.
-                tuple(inputs) if isinstance(inputs, list) else (inputs,),
+                _as_args(inputs),
                 importance=options.importance,
                 global_pruning=options.global_,
                 pruning_ratio=options.ratio,
@@ -125,19 +119,76 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
                 in_channel_groups={},
                 out_channel_groups=dict(support.channel_groups),
                 channel_groups={},
+                num_heads=dict(support.num_heads),
                 customized_pruners=support.customized_pruners or None,
                 unwrapped_parameters=support.unwrapped_parameters or None,
-                root_module_types=[nn.modules.conv._ConvNd, nn.Linear],
+                root_module_types=root_types(),
                 output_transform=lambda out: _keep_outputs(out, outputs),
             )
     finally:
         root.train(was_training)
-    reason = SUBMODULE_OUTPUT_REASON.format(submodule) if submodule else OUTPUT_REASON
-    for module in output_layers(pruner.DG, {t.grad_fn for t in outputs}):
-        held.setdefault(module, reason)
+    _hold_outputs(pruner.DG, outputs, held, submodule)
     hold_unprunable_grouped_convs(pruner.DG, held)
-    pruner.ignored_layers = list(dict.fromkeys(pruner.ignored_layers + [m for h in held for m in h.modules()]))
+    expanded = [m for h in held if isinstance(h, nn.Module) for m in h.modules()]
+    # torch-pruning tests membership with ``in``: a parameter in this list would be compared elementwise.
+    pruner.ignored_layers = [m for m in dict.fromkeys(pruner.ignored_layers + expanded) if isinstance(m, nn.Module)]
     return Plan(pruner, root, held, support)
+
+
+def trace_graph(root: nn.Module, inputs: Any, held: dict[Any, str],
+                submodule: str | None = None) -> tuple[Any, dict[Any, str]]:
+    """Trace ``root``'s dependency graph alone: unlike :func:`build_plan`, no dependency group is built yet.
+
+    Returns:
+        the torch-pruning graph, and the modules kept at full width with the
+        reason (those given, the architecture's and the output layers).
+    """
+    import torch_pruning as tp
+
+    support = arch_support(root)
+    held = _own_held(root, held, support)
+    outputs: list = []
+    was_training = root.training
+    try:
+        with warnings.catch_warnings(), support.tracing():
+            warnings.simplefilter("ignore")
+            root.eval()
+            graph = tp.DependencyGraph().build_dependency(
+                root, example_inputs=_as_args(inputs), output_transform=lambda out: _keep_outputs(out, outputs),
+                unwrapped_parameters=support.unwrapped_parameters or None,
+                customized_pruners=support.customized_pruners or None, verbose=False)
+    finally:
+        root.train(was_training)
+    _hold_outputs(graph, outputs, held, submodule)
+    return graph, held
+
+
+def root_types() -> list[type]:
+    """The layer types whose output channels root dependency groups."""
+    from torch import nn
+
+    return [nn.modules.conv._ConvNd, nn.Linear]
+
+
+def _own_held(root: nn.Module, held: dict[Any, str], support: ArchSupport) -> dict[Any, str]:
+    own = set(root.modules())
+    held = {m: reason for m, reason in held.items() if m in own}
+    modules = dict(root.named_modules())
+    for name, reason in support.fixed.items():
+        held.setdefault(modules[name], reason)
+    return held
+
+
+def _as_args(inputs: Any) -> tuple:
+    # A tuple is unpacked as the arguments; a bare tensor would first be
+    # unpacked along its batch dimension and traced twice.
+    return tuple(inputs) if isinstance(inputs, list) else (inputs,)
+
+
+def _hold_outputs(graph: Any, outputs: list, held: dict[Any, str], submodule: str | None) -> None:
+    reason = SUBMODULE_OUTPUT_REASON.format(submodule) if submodule else OUTPUT_REASON
+    for module in output_layers(graph, {t.grad_fn for t in outputs}):
+        held.setdefault(module, reason)
 
 
 def hold_unprunable_grouped_convs(graph: Any, held: dict[Any, str]) -> None:
@@ -290,6 +341,8 @@ def output_layers(graph: Any, output_grad_fns: set) -> list:
         if node in seen:
             continue
         seen.add(node)
+        if isinstance(node.module, nn.Parameter):
+            continue  # a bare parameter (class token) is pruned along with its group, never held itself
         if isinstance(node.module, stops) or node.type == tp.ops.OPTYPE.CUSTOMIZED:
             found.append(node.module)
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 
@@ -31,6 +32,9 @@ def time_limit(seconds: float | None) -> Iterator[bool]:
 
     Yields:
         whether the limit is enforced (False where signals are unavailable).
+
+    Limits nest: an enclosing limit keeps counting inside this one and fires
+    as soon as this one ends if its own time ran out meanwhile.
     """
     if not seconds or not limit_available():
         yield False
@@ -40,11 +44,26 @@ def time_limit(seconds: float | None) -> Iterator[bool]:
         raise TimeLimitExceeded(f"did not finish within {seconds:g} s")
 
     previous_handler = signal.signal(signal.SIGALRM, expire)
+    started = time.monotonic()
     previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    if previous_delay and previous_delay < seconds:
+        signal.setitimer(signal.ITIMER_REAL, previous_delay)
+        expire = _outer_first(expire, previous_handler)
+        signal.signal(signal.SIGALRM, expire)
     try:
         yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
         if previous_delay:
-            signal.setitimer(signal.ITIMER_REAL, previous_delay, previous_interval)
+            remaining = max(previous_delay - (time.monotonic() - started), 1e-6)
+            signal.setitimer(signal.ITIMER_REAL, remaining, previous_interval)
+
+
+def _outer_first(inner, outer):
+    # The enclosing limit ends first: its handler (and message) decide.
+    def expire(signum, frame):
+        if callable(outer):
+            outer(signum, frame)
+        inner(signum, frame)
+    return expire

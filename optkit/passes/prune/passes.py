@@ -3,8 +3,10 @@
 Unstructured pruning shrinks nothing on dense kernels: the zeros cost the same
 time. Structured pruning physically removes channels with torch-pruning's
 dependency graph, so the model gets smaller and faster. Architectures that
-torch-pruning does not follow on its own (window attention, ViT heads,
-channel shuffle) get help from :mod:`optkit.passes.prune.arch`.
+torch-pruning does not follow on its own (attention heads, bare parameters,
+window attention, channel shuffle) get help from :mod:`optkit.passes.prune.arch`,
+and the groups it still breaks on are found and held by
+:mod:`optkit.passes.prune.fallback`.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ if TYPE_CHECKING:
     from torch import nn
 
 STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random")
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = 120.0
 PRUNE_RATIO_HELP = "Fraction to prune, in [0, 1): channels (structured) or weights (unstructured)."
 GLOBAL_HELP = "Rank across all layers instead of per layer."
+UNSTRUCTURED_NOTE = (
+    "Unstructured pruning zeroes weights but keeps every tensor dense: dense kernels "
+    "(PyTorch, ONNX Runtime) run no faster and the file is no smaller uncompressed. "
+    "Use structured pruning for speed; zeros only shrink a compressed file."
+)
 
 
 @register_pass
@@ -57,7 +64,8 @@ class L1Unstructured(Pass):
                 prune.l1_unstructured(module, param, amount=self.ratio)
         for module, param in targets:
             prune.remove(module, param)
-        return PassResult(model, {"pruned_layers": len(targets), "sparsity": weight_sparsity(model)})
+        return PassResult(model, {"pruned_layers": len(targets), "sparsity": weight_sparsity(model),
+                                  "notes": [UNSTRUCTURED_NOTE]})
 
 
 @register_pass
@@ -65,8 +73,10 @@ class L1Unstructured(Pass):
 class StructuredPrune(Pass):
     """Remove whole channels with torch-pruning's dependency graph (group L1 by default).
 
-    Works in place, except with a target, where the returned model is the
-    pruned copy that met it. The model is put in eval mode while it is traced
+    A deep copy is pruned and checked, then its state is moved into the
+    model passed in (so the pass works in place), except with a target, where
+    the returned model is the pruned copy that met it. Groups torch-pruning
+    breaks on are held at full width (see :mod:`optkit.passes.prune.fallback`). The model is put in eval mode while it is traced
     and restored after. ``calibration`` (Python only) takes an iterable of
     ``(inputs, targets)`` batches for ``taylor`` importance instead of ``data``.
     """
@@ -74,6 +84,7 @@ class StructuredPrune(Pass):
     name = "structured_prune"
     stage = Stage.PRUNE
     variant = ("method", "structured")
+    variant_default = True
     ratio: float = setting(0.3, help=PRUNE_RATIO_HELP + " Ignored when target_macs or target_params is set.",
                            low=0, high=1, high_open=True, flag="prune", enables=True)
     round_to: int = setting(8, help="Keep channel counts multiples of this (aligned counts run faster); 1 disables "
@@ -89,14 +100,20 @@ class StructuredPrune(Pass):
                                                     low=0, high=1, high_open=True)
     target_macs: float | None = setting(None, help="Prune until MACs are this fraction of the original, e.g. 0.5 "
                                         "(instead of ratio).", low=0, high=1, low_open=True, high_open=True,
-                                        flag="target-macs", enables=True)
+                                        flag="target-macs", enables=True, replaces=("ratio",))
     target_params: float | None = setting(None, help="Prune until parameters are this fraction of the original "
                                           "(instead of ratio).", low=0, high=1, low_open=True, high_open=True,
-                                          flag="target-params", enables=True)
+                                          flag="target-params", enables=True, replaces=("ratio",))
     target_tolerance: float = setting(0.01, help="Stop the target search once the achieved fraction is this close.",
                                       low=0, high=0.5, high_open=True)
-    timeout_s: float = setting(DEFAULT_TIMEOUT_S, help="Time limit in seconds for tracing and pruning one model "
-                               "(enforced on the main thread only).", low=0)
+    timeout_s: float = setting(DEFAULT_TIMEOUT_S, help="Time limit in seconds for one try at tracing, pruning and "
+                               "checking the model (enforced on the main thread only; 0 disables).", low=0)
+    group_timeout_s: float = setting(5.0, help="Time limit in seconds for torch-pruning to build one dependency "
+                                     "group; a group that takes longer is held at full width (0 disables).", low=0)
+    fallback_budget_s: float = setting(40.0, help="Seconds the first try and the fallback search, which finds the "
+                                       "groups that break the pruned model, may take; groups left untested are held.",
+                                       low=0)
+    fallback_trials: int = setting(40, help="How many trial prunes the fallback search may make.", low=1)
     submodule: str | None = setting(None, help="Prune only this sub-module (e.g. backbone), keeping the widths of "
                                     "its outputs; detection and segmentation models default to their backbone.")
     data: str | None = calib_data_setting()
@@ -120,42 +137,67 @@ class StructuredPrune(Pass):
         return _prune_target.search(self, model)
 
     def prune(self, model: nn.Module, ratio: float) -> dict[str, Any]:
-        """Prune ``model`` in place at ``ratio`` with this pass's other settings.
+        """Prune ``model`` at ``ratio`` with this pass's other settings, never leaving it half-changed.
+
+        A deep copy is pruned and checked (forward, backward, same output
+        shapes); dependency groups that break it, raise or do not finish in
+        ``group_timeout_s`` are found by the fallback search and held at full
+        width. The checked copy's state is then moved into ``model``. When
+        nothing can be pruned, ``model`` is left exactly as it was.
 
         Returns:
             details for the report: ``skipped_layers`` (name -> reason),
-            ``pruned_layers`` (count) and the settings that shaped the run.
+            ``pruned_layers`` (count), ``held_layers`` (group roots the
+            fallback held -> the error they caused), ``fallback`` (its cost:
+            ``trials``, ``seconds``), and ``shortfall`` (one line) when less
+            than asked was reachable.
 
         Raises:
-            OptkitError: when tracing or pruning exceeds ``timeout_s``.
             ValueError: for a layer pattern or sub-module that matches nothing.
         """
-        from optkit.core.errors import OptkitError
-        from optkit.passes.prune import limits as _prune_limits
-        from optkit.passes.prune import engine as _prune_structured
+        from optkit.analysis.metrics import count_macs, example_input
+        from optkit.passes.prune import engine as _engine
+        from optkit.passes.prune import fallback as _fallback
+        from optkit.passes.prune import limits as _limits
 
+        shape = self.input_shape or DEFAULT_INPUT_SHAPE
         root, inputs, submodule = self._root_and_inputs(model)
-        held, overrides = _prune_structured.user_choices(root, self.ignored_layers, self.layer_ratios)
-        options = _prune_structured.Options(_importance(self.importance), ratio, self.global_,
-                                            self.iterative_steps, self.round_to)
-        before_step = self._taylor_gradients(model) if self.importance == "taylor" else None
-        try:
-            with _prune_limits.time_limit(self.timeout_s) as enforced:
-                skipped = _prune_structured.prune_tree(root, inputs, options, held, overrides,
-                                                       submodule=submodule, before_step=before_step)
-        except _prune_limits.TimeLimitExceeded as e:
-            raise OptkitError(
-                f"structured pruning of {type(root).__name__} {e} (torch-pruning may be looping on this graph); "
-                "the model may be partly changed, so start again from the original, and raise timeout_s or "
-                "add the blocks it stalls on to ignored_layers") from e
-        details: dict[str, Any] = {
-            "ratio": ratio,
-            "pruned_layers": sum(1 for name in _conv_linear_names(root) if name not in skipped),
-            "skipped_layers": skipped,
-        }
+        held, overrides = _engine.user_choices(root, self.ignored_layers, self.layer_ratios)
+        names = {module: name for name, module in root.named_modules()}
+        job = _fallback.Job(
+            model=model, root_name=submodule or "", model_inputs=example_input(model, shape), root_inputs=inputs,
+            options=_engine.Options(_importance(self.importance), ratio, self.global_, self.iterative_steps,
+                                    self.round_to),
+            held={names[m]: reason for m, reason in held.items()},
+            overrides={names[m]: value for m, value in overrides.items()}, submodule=submodule,
+            before_step=self._taylor_gradients() if self.importance == "taylor" else None,
+            attempt_limit_s=self.timeout_s or None, group_limit_s=self.group_timeout_s or None,
+            budget_s=self.fallback_budget_s, max_trials=self.fallback_trials)
+        outcome = _fallback.prune_verified(job)
+        details: dict[str, Any] = {"ratio": ratio}
+        if outcome.model is None:
+            details.update(pruned_layers=0, skipped_layers={n: outcome.error for n in _conv_linear_names(root)},
+                           shortfall=f"nothing pruned: {outcome.error}; the model is unchanged. Hold the blocks "
+                                     "named in the error with ignored_layers, or raise timeout_s")
+        else:
+            macs_before = count_macs(model, shape) if outcome.held else None
+            _adopt(model, outcome.model)
+            root = model.get_submodule(submodule) if submodule else model
+            details.update(pruned_layers=sum(1 for n in _conv_linear_names(root) if n not in outcome.skipped),
+                           skipped_layers=outcome.skipped)
+            if outcome.held:
+                achieved = count_macs(model, shape) / macs_before
+                details["held_layers"] = outcome.held
+                count = f"{len(outcome.held)} layer{'s' if len(outcome.held) > 1 else ''}"
+                details["shortfall"] = (f"asked {ratio:g} per group, achieved MACs {achieved:.2f}; "
+                                        f"{count} held, see held_layers")
+        details["fallback"] = {"trials": outcome.trials, "seconds": outcome.seconds}
+        if "shortfall" in details:
+            details["notes"] = [f"structured_prune {details['shortfall']} (fallback search: {outcome.trials} "
+                                f"trial prune(s), {outcome.seconds:.1f} s)"]
         if submodule:
             details["submodule"] = submodule
-        if not enforced and self.timeout_s:
+        if self.timeout_s and not _limits.limit_available():
             details["time_limit"] = "not enforced (SIGALRM needs the main thread)"
         return details
 
@@ -184,10 +226,10 @@ class StructuredPrune(Pass):
         args = captured[0]
         return root, args[0] if len(args) == 1 else list(args), submodule
 
-    def _taylor_gradients(self, model: nn.Module):
+    def _taylor_gradients(self):
         batches = self.calibration if self.calibration is not None else _data_batches(self)
 
-        def accumulate() -> None:
+        def accumulate(model: nn.Module) -> None:
             import torch
             import torch.nn.functional as F
 
@@ -216,6 +258,12 @@ def default_submodule(model: nn.Module) -> str | None:
     kind = type(model).__module__
     detection = kind.startswith(("torchvision.models.detection", "torchvision.models.segmentation"))
     return "backbone" if detection and hasattr(model, "backbone") else None
+
+
+def _adopt(model: nn.Module, pruned: nn.Module) -> None:
+    # The caller keeps its model object; it takes the pruned copy's modules and attributes.
+    model.__dict__.clear()
+    model.__dict__.update(pruned.__dict__)
 
 
 def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_SHAPE, *,
@@ -250,7 +298,7 @@ def _conv_linear_names(root: nn.Module) -> list[str]:
 
 
 def _data_batches(settings: StructuredPrune):
-    from optkit.data.datasets import load_dataset, make_loader
+    from optkit.data import load_dataset, make_loader
 
     dataset = load_dataset(settings.data, "train", augment=False)
     return make_loader(dataset, settings.batch_size, shuffle=True, num_workers=0, seed=0)
