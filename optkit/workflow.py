@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ def check_data(pipeline: Pipeline) -> None:
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
              on_pass: Callable[[int, int, str], None] | None = None, export: str | None = None,
-             latency: bool = False, evaluation: EvalSettings | None = None) -> dict[str, Any]:
+             latency: bool | None = None, evaluation: EvalSettings | None = None) -> dict[str, Any]:
     """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
     and ``channels.png`` (output channels per layer, before and after).
 
@@ -87,8 +88,11 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     ``export="onnx"``, a verified ``model.onnx`` is written too (see
     :func:`optkit.export.onnx.export_onnx`) and the report gets an ``export``
     section with the compressed size of the weights before and after. With
-    ``latency``, the model is timed before and after the passes (PyTorch
-    eager, where it lives) for the report. With ``evaluation``, the original
+    ``latency=True``, the model is also timed before and after the passes
+    (PyTorch eager, where it lives). Unless ``latency=False``, a run that
+    exports ONNX times the original and the result in ONNX Runtime, interleaved,
+    at batch 1 with every core (:func:`onnx_latency`), and the report puts the
+    realized speed-up next to the MACs ratio. With ``evaluation``, the original
     model and the result after every pass, the ONNX file and the INT8 file are
     scored on the same test images (see :mod:`optkit.analysis.evaluation`).
 
@@ -119,6 +123,18 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     weights_before = weights_sizes(loaded.model) if export and main else None
     channels = {"before": layer_channels(loaded.model)}
     timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
+    with tempfile.TemporaryDirectory(prefix="optkit-original-") as scratch:
+        original_onnx = (_export_original(loaded.model, Path(scratch), pipeline.input_shape)
+                         if export == "onnx" and latency is not False and main else None)
+        return _run_and_write(loaded, pipeline, out, main=main, on_pass=on_pass, export=export, scorer=scorer,
+                              weights_before=weights_before, channels=channels, timings=timings,
+                              original_onnx=original_onnx)
+
+
+def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, out, *, main: bool, on_pass, export: str | None,
+                   scorer: Scorer | None, weights_before, channels: dict, timings: dict | None,
+                   original_onnx: Path | None) -> dict[str, Any]:
+    """Run the passes, then write every output together (see :func:`optimize`)."""
     run = pipeline.run(loaded.model, on_pass=on_pass if main else None,
                        after_pass=scorer.after_pass if scorer is not None else None)
     channels["after"] = layer_channels(checkpoint.unwrap(run.model))
@@ -134,15 +150,19 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         normalization = data_normalization(pipeline)
         exported = _export(staged, run.model, pipeline, weights_before, onnx_metadata(normalization)) if export else {}
         files.update({name: section["file_size"] for name, section in exported.items()})
+        onnx_timing = (onnx_latency(original_onnx, staged.path("model.onnx"), pipeline.input_shape,
+                                    run.after.macs / run.before.macs if run.before.macs else None)
+                       if original_onnx is not None else None)
         source = Path(loaded.source)
         report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
                               channels=channels, input_file_size=source.stat().st_size if source.is_file() else None,
-                              latency=timings)
+                              latency=timings, onnx_latency=onnx_timing)
         for name, section in exported.items():
             report["export" if name == "model.onnx" else "int8"] = section
             report["notes"].extend(section["notes"])
             if scorer is not None:
                 scorer.score_onnx(name, staged.path(name))
+
         if scorer is not None:
             report["evaluation"] = scorer.section()
         if normalization:
@@ -195,6 +215,40 @@ def _remember_architecture(loaded: LoadedModel, out_dir: Path) -> None:
     """
     if loaded.arch is not None and not loaded.arch.spec.startswith("torchvision:"):
         confirmed.remember(Path(out_dir) / "model.pt", loaded.arch.spec)
+
+
+def _export_original(model, folder: Path, input_shape: tuple[int, ...]) -> Path:
+    """Export the model as it is before the passes, to time it against the result."""
+    path = folder / "original.onnx"
+    export_onnx(model, path, input_shape)
+    return path
+
+
+def onnx_latency(original: Path, result: Path, input_shape: tuple[int, ...], macs_ratio: float | None, *,
+                 threads: int | None = None, warmup: int = 5, repeats: int = 30) -> dict[str, Any]:
+    """ONNX Runtime latency of the original and the result at batch 1, interleaved, and the realized speed-up.
+
+    Args:
+        original, result: the two ONNX files.
+        input_shape: the model input; timed at batch 1.
+        macs_ratio: MACs after / before, for the speed-up the MACs promise.
+        threads: intra-op threads (default: every core, as users deploy).
+        warmup, repeats: untimed and timed calls of each file.
+
+    Returns:
+        ``threads``, ``batch_size``, the two :class:`Latency` dicts, ``speedup`` (original / result
+        median), ``ideal_speedup`` (1 / MACs ratio), ``efficiency`` (their ratio) and the load average.
+    """
+    from optkit.analysis.latency import interleaved_latency
+
+    threads = threads or os.cpu_count() or 1
+    before, after = interleaved_latency([original, result], (1, *input_shape[1:]), threads=threads, warmup=warmup,
+                                        repeats=repeats)
+    speedup = before.median_ms / after.median_ms if after.median_ms else float("inf")
+    ideal = 1 / macs_ratio if macs_ratio else None
+    return {"engine": "onnxruntime", "threads": threads, "batch_size": 1, "before": before.to_dict(),
+            "after": after.to_dict(), "speedup": round(speedup, 3), "ideal_speedup": round(ideal, 3) if ideal else None,
+            "efficiency": round(speedup / ideal, 3) if ideal else None, "load_avg_1min": round(os.getloadavg()[0], 2)}
 
 
 def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ median, the 90th percentile and their ratio (``spread``): a spread well above
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -259,3 +260,66 @@ def compare(a: list[Latency], b: list[Latency]) -> list[dict[str, Any]]:
         pairs.append({"engine": ra.engine, "batch_size": ra.batch_size, "a_median_ms": ra.median_ms,
                       "b_median_ms": rb.median_ms, "speedup": speedup, "noisy": noisy})
     return pairs
+
+
+def onnx_session(path: str | os.PathLike, threads: int):
+    """A CPU ONNX Runtime session with ``threads`` intra-op threads that do not spin while idle.
+
+    Raises:
+        OptkitError: if ONNX Runtime cannot load the file.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    try:
+        return ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise OptkitError(f"{path}: ONNX Runtime cannot load it ({e})") from e
+
+
+def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequence[int], *, threads: int = 1,
+                        warmup: int = 3, repeats: int = 20, seed: int = 0) -> list[Latency]:
+    """Time several single-input ONNX files on the same random input, one call of each in turn.
+
+    Args:
+        paths: the files (all must accept ``input_shape``).
+        input_shape: the input shape of one call, batch first.
+        threads: intra-op threads of every session.
+        warmup: untimed calls of each file first.
+        repeats: timed calls of each file.
+        seed: seed of the random input.
+
+    Returns:
+        one :class:`optkit.analysis.latency.Latency` per file, in order.
+
+    Raises:
+        ValueError: for ``repeats < 1`` or ``warmup < 0``.
+        OptkitError: if a file cannot be loaded or run.
+    """
+    import numpy as np
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"warmup must be >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+    shape = tuple(int(v) for v in input_shape)
+    feed = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    sessions = [onnx_session(p, threads) for p in paths]
+    calls = [lambda s=s: s.run(None, {s.get_inputs()[0].name: feed}) for s in sessions]
+    samples: list[list[float]] = [[] for _ in calls]
+    try:
+        for call in calls:
+            for _ in range(warmup):
+                call()
+        for _ in range(repeats):
+            for call, out in zip(calls, samples):
+                start = time.perf_counter()
+                call()
+                out.append((time.perf_counter() - start) * 1000.0)
+    except Exception as e:
+        raise OptkitError(f"ONNX Runtime failed to run on input shape {','.join(map(str, shape))} ({e})") from e
+    from optkit.analysis.metrics import summarize_ms
+
+    return [_latency("onnxruntime", "cpu", shape, threads, summarize_ms(s), warmup) for s in samples]

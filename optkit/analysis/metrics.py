@@ -113,11 +113,16 @@ def time_callable(fn, *, warmup: int = 3, repeats: int = 20) -> dict[str, float]
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1000.0)
-    samples.sort()
+    return summarize_ms(samples)
+
+
+def summarize_ms(samples: list[float]) -> dict[str, float]:
+    """Median, p90, min, max (milliseconds), spread (p90 / median) and count of timed samples."""
+    samples = sorted(samples)
     median = statistics.median(samples)
     p90 = samples[min(len(samples) - 1, int(round(0.9 * (len(samples) - 1))))]
     return {"median_ms": median, "p90_ms": p90, "min_ms": samples[0], "max_ms": samples[-1],
-            "spread": p90 / median if median else 0.0, "repeats": repeats}
+            "spread": p90 / median if median else 0.0, "repeats": len(samples)}
 
 
 def file_size(path: str | os.PathLike) -> int:

@@ -16,7 +16,8 @@ CHANNELS_PLOT = "channels.png"
 
 def build_report(run: PipelineRun, *, model: str, input_shape: tuple[int, ...],
                  files: dict[str, int] | None = None, channels: dict[str, dict[str, int]] | None = None,
-                 latency: dict[str, Any] | None = None, accuracy: dict[str, Any] | None = None,
+                 latency: dict[str, Any] | None = None, onnx_latency: dict[str, Any] | None = None,
+                 accuracy: dict[str, Any] | None = None,
                  input_file_size: int | None = None) -> dict[str, Any]:
     """The report of one pipeline run as JSON-ready data.
 
@@ -27,6 +28,8 @@ def build_report(run: PipelineRun, *, model: str, input_shape: tuple[int, ...],
         files: output file names and their sizes in bytes.
         channels: ``{"before": {layer: out_channels}, "after": {...}}`` for
             conv/linear layers (see :func:`optkit.analysis.model_info.layer_channels`).
+        onnx_latency: ONNX Runtime timings of the original and the result (see
+            :func:`optkit.workflow.onnx_latency`).
         latency: ``{"before": {...}, "after": {...}}`` timings (``median_ms``,
             ``p90_ms``, ``spread``) when they were measured.
         accuracy: ``{"before": float | None, "after": float}`` (and optionally
@@ -55,6 +58,8 @@ def build_report(run: PipelineRun, *, model: str, input_shape: tuple[int, ...],
     }
     if latency is not None:
         report["latency"] = latency
+    if onnx_latency is not None:
+        report["onnx_latency"] = onnx_latency
     accuracy = accuracy if accuracy is not None else _finetune_accuracy(run)
     if accuracy is not None:
         report["accuracy"] = accuracy
@@ -84,13 +89,24 @@ def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
     for name, layers in skipped_layers(report).items():
         notes.append(f"{name} left {len(layers)} layer(s) untouched (listed under Skipped layers in report.md)")
     notes += _small_channel_cuts(run)
-    if "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
+    if report.get("onnx_latency"):
+        notes.append(onnx_latency_note(report["onnx_latency"]))
+    elif "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
         notes.append(NO_LATENCY_NOTE)
     spreads = [t.get("spread", 1.0) for t in (report.get("latency") or {}).values() if isinstance(t, dict)]
     if spreads and max(spreads) > 1.2:
         notes.append(f"the latency figures are noisy (p90 / median up to {max(spreads):.2f}): other work was "
                      "competing for the machine; re-time with `optkit bench --compare` on a quiet machine")
     return notes
+
+
+def onnx_latency_note(timing: dict[str, Any]) -> str:
+    """One line on the realized ONNX Runtime speed-up next to the one the MACs promise."""
+    line = (f"ONNX Runtime, batch 1, {timing['threads']} thread(s): {timing['before']['median_ms']:.2f} -> "
+            f"{timing['after']['median_ms']:.2f} ms median, {timing['speedup']:.2f}x faster")
+    if timing["ideal_speedup"]:
+        line += f" (the MACs promise {timing['ideal_speedup']:.2f}x: efficiency {timing['efficiency']:.2f})"
+    return line + f"; load average {timing['load_avg_1min']}"
 
 
 def _small_channel_cuts(run: PipelineRun) -> list[str]:
@@ -137,6 +153,10 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         b = size.get("before")
         rows.append(("File size (MB)", "-" if b is None else f"{b / 1e6:.2f}", f"{size['after'] / 1e6:.2f}",
                      f"{size['after'] / b:.3f}×" if b else ""))
+    timing = report.get("onnx_latency")
+    if timing:
+        b, a = timing["before"]["median_ms"], timing["after"]["median_ms"]
+        rows.append((f"ONNX Runtime ms ({timing['threads']} thr)", f"{b:.2f}", f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
     for key, label in (("median_ms", "Latency median (ms)"), ("p90_ms", "Latency p90 (ms)")):
         latency = report.get("latency") or {}
         if key in latency.get("before", {}) and key in latency.get("after", {}):

@@ -45,7 +45,9 @@ def _pass_options() -> list:
 @click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
 @click.option("--export", "export_format", type=click.Choice(["onnx"]),
               help="Also write model.onnx, verified against PyTorch in ONNX Runtime.")
-@click.option("--latency", is_flag=True, help="Also time the model before and after (PyTorch eager) for the report.")
+@click.option("--latency/--no-latency", default=None,
+              help="--latency also times the model before and after in PyTorch eager; --no-latency skips the "
+                   "ONNX Runtime timing (batch 1, every core) that runs with --export onnx by default.")
 @generated.with_options(int8_options(_INT8_FLAGS, "Also write model.int8.onnx, quantized and checked on the task "
                                                  "(needs --export onnx and --calib-data)."))
 def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, export_format,

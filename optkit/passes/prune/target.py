@@ -1,7 +1,8 @@
 """Find the structured pruning ratio that reaches a MACs or parameter target.
 
 The fraction kept falls (not always strictly: channel rounding makes steps)
-as the ratio grows, so the ratio is found by bracketing search, each try
+as the ratio grows, so the ratio is found by bracketing search (with finer
+channel rounding when ``round_to`` steps over the target), each try
 pruning a fresh deep copy of the model. Removing a fraction r of channels
 keeps roughly (1 - r)^2 of a layer's MACs and params (inputs and outputs both
 shrink), so each next ratio interpolates linearly in the square root of the
@@ -24,16 +25,27 @@ if TYPE_CHECKING:
 
 MAX_RATIO = 0.95
 MAX_TRIES = 12
+#: A result further than this from its target is reported in one plain line.
+REPORT_TOLERANCE = 0.02
 
 
 def search(settings: StructuredPrune, model: nn.Module) -> PassResult:
-    """Prune copies of ``model`` at bisected ratios until the target is met.
+    """Prune copies of ``model`` at searched ratios until the target is met.
+
+    When ``round_to`` makes the target unreachable within ``target_tolerance``
+    (small layers move in coarse steps), the search is repeated with ``round_to``
+    halved, down to 1, and the closest result is kept; the details say so. A
+    result still further than :data:`REPORT_TOLERANCE` from the target gets a
+    one-line note for the report.
 
     Returns:
         the best pruned copy, with details: ``target`` (``macs`` or
         ``params``), ``target_fraction``, ``achieved_fraction``, the chosen
-        ``ratio`` and every ``tries`` entry, plus the chosen run's details.
+        ``ratio``, the ``round_to`` used and every ``tries`` entry, plus the
+        chosen run's details.
     """
+    import dataclasses
+
     from optkit.analysis.metrics import count_macs, count_params
 
     shape = settings.input_shape or DEFAULT_INPUT_SHAPE
@@ -44,25 +56,46 @@ def search(settings: StructuredPrune, model: nn.Module) -> PassResult:
 
     original = measure(model)
     tries: list[dict[str, float]] = []
-    best: tuple[float, nn.Module, dict[str, Any]] | None = None
+    current = settings
+    best = _bracket(current, model, target, lambda m: measure(m) / original, tries)
+    while abs(best[0] - target) > settings.target_tolerance and current.round_to > 1:
+        current = dataclasses.replace(current, round_to=max(1, current.round_to // 2))
+        finer = _bracket(current, model, target, lambda m: measure(m) / original, tries)
+        if abs(finer[0] - target) < abs(best[0] - target):
+            best = finer
+    achieved, pruned, details, round_to = best
+    details.update({"target": kind, "target_fraction": target, "achieved_fraction": round(achieved, 4),
+                    "round_to": round_to, "tries": tries})
+    notes = details.setdefault("notes", [])
+    if round_to != settings.round_to:
+        notes.append(f"structured_prune: round_to {settings.round_to} could not reach {kind} {target:g} within "
+                     f"{settings.target_tolerance:g}; channel counts are multiples of {round_to} instead "
+                     f"(achieved {achieved:.3f})")
+    if abs(achieved - target) > REPORT_TOLERANCE:
+        notes.append(f"structured_prune: asked {kind} {target:g} of the original, achieved {achieved:.3f} "
+                     f"(closest of {len(tries)} tries; see held and skipped layers)")
+    return PassResult(pruned, details)
+
+
+def _bracket(settings: StructuredPrune, model: nn.Module, target: float, fraction, tries: list) -> tuple:
+    """The bracketing search at ``settings.round_to``: ``(achieved, pruned copy, details, round_to)`` closest to target."""
+    best = None
     low, high = (0.0, 1.0), (MAX_RATIO, (1 - MAX_RATIO) ** 2)
     for _ in range(MAX_TRIES):
         ratio = _next_ratio(low, high, target)
         candidate = copy.deepcopy(model)
         details = settings.prune(candidate, ratio)
-        achieved = measure(candidate) / original
-        tries.append({"ratio": ratio, "achieved_fraction": round(achieved, 4)})
+        achieved = fraction(candidate)
+        tries.append({"ratio": ratio, "round_to": settings.round_to, "achieved_fraction": round(achieved, 4)})
         if best is None or abs(achieved - target) < abs(best[0] - target):
-            best = (achieved, candidate, details)
+            best = (achieved, candidate, details, settings.round_to)
         if abs(achieved - target) <= settings.target_tolerance:
             break
         if achieved > target:
             low = (ratio, achieved)
         else:
             high = (ratio, achieved)
-    achieved, pruned, details = best
-    details.update({"target": kind, "target_fraction": target, "achieved_fraction": round(achieved, 4), "tries": tries})
-    return PassResult(pruned, details)
+    return best
 
 
 def _next_ratio(low: tuple[float, float], high: tuple[float, float], target: float) -> float:

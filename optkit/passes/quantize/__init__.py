@@ -15,7 +15,7 @@ _EXPORTS = {
     "QuantizeResult": "optkit.passes.quantize.api",
     "quantize_onnx": "optkit.passes.quantize.api",
     "compare_latency": "optkit.passes.quantize.latency",
-    "interleaved_latency": "optkit.passes.quantize.latency",
+    "interleaved_latency": "optkit.analysis.latency",
 }
 
 __all__ = sorted(_EXPORTS)

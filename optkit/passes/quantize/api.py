@@ -218,7 +218,7 @@ def _gains_words(gains: dict[str, float]) -> str:
 
 
 def _default_timer(shape: tuple[int, ...], threads: int) -> optypes.Timer:
-    from optkit.passes.quantize.latency import interleaved_latency
+    from optkit.analysis.latency import interleaved_latency
 
     def timer(paths: Sequence[Path]) -> list[float]:
         return [r.median_ms for r in interleaved_latency(paths, (1, *shape[1:]), threads=threads, warmup=3,

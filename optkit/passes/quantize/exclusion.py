@@ -118,7 +118,7 @@ def _probe(path: str | os.PathLike, tensors: list[str], probe: Path):
     import onnx
     from onnx import helper
 
-    from optkit.passes.quantize.latency import session
+    from optkit.analysis.latency import onnx_session as session
 
     model = onnx.load(str(path))
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}

@@ -46,7 +46,7 @@ class Agreement:
 
 def outputs(path: str | os.PathLike, batches: Batches, *, threads: int = 1) -> np.ndarray:
     """The first output of an ONNX model on every batch, stacked, flattened to ``samples × values``."""
-    from optkit.passes.quantize.latency import session
+    from optkit.analysis.latency import onnx_session as session
 
     s = session(path, threads)
     name = s.get_inputs()[0].name
