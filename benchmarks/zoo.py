@@ -233,7 +233,8 @@ def run_all(tasks: list[str], on_result, args: argparse.Namespace) -> list[dict]
                     line, buffer = buffer.split("\n", 1)
                     if line.startswith("RESULT "):
                         results.append(json.loads(line[len("RESULT "):]))
-                        results[-1]["model"] = results[-1]["model"].removeprefix(TIMM_PREFIX)
+                        if "model" in results[-1]:
+                            results[-1]["model"] = results[-1]["model"].removeprefix(TIMM_PREFIX)
                         on_result(results[-1])
                         pending.pop(0)
                         deadline = time.monotonic() + process_timeout
@@ -303,7 +304,9 @@ def _skipped_summary(skipped: dict[str, str]) -> str:
         return "none"
     reasons: dict[str, int] = {}
     for reason in skipped.values():
-        key = reason.split(":")[0].split(" (")[0]
+        # "same structure as X, which caused: Error: ..." counts under the error it repeats.
+        cause = reason.split("caused: ", 1)[-1].split("failed: ", 1)[-1] if reason.startswith("same structure") else reason
+        key = cause.split(":")[0].split(" (")[0]
         reasons[key] = reasons.get(key, 0) + 1
     return "; ".join(f"{n} × {reason}" for reason, n in reasons.items())
 
