@@ -16,12 +16,10 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.contract import DEFAULT_INPUT_SHAPE, PassResult
+from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from optkit.passes.prune.passes import StructuredPrune
 
 MAX_RATIO = 0.95
 MAX_TRIES = 12
@@ -29,8 +27,11 @@ MAX_TRIES = 12
 REPORT_TOLERANCE = 0.02
 
 
-def search(settings: StructuredPrune, model: nn.Module) -> PassResult:
+def search(settings: Pass, model: nn.Module) -> PassResult:
     """Prune copies of ``model`` at searched ratios until the target is met.
+
+    ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass
+    (this module does not import it: the pass imports this one).
 
     When ``round_to`` makes the target unreachable within ``target_tolerance``
     (small layers move in coarse steps), the search is repeated with ``round_to``
@@ -77,7 +78,7 @@ def search(settings: StructuredPrune, model: nn.Module) -> PassResult:
     return PassResult(pruned, details)
 
 
-def _bracket(settings: StructuredPrune, model: nn.Module, target: float, fraction, tries: list) -> tuple:
+def _bracket(settings: Pass, model: nn.Module, target: float, fraction, tries: list) -> tuple:
     """The bracketing search at ``settings.round_to``: ``(achieved, pruned copy, details, round_to)`` closest to target."""
     best = None
     low, high = (0.0, 1.0), (MAX_RATIO, (1 - MAX_RATIO) ** 2)
