@@ -41,14 +41,11 @@ def data_input_shape(model, data: str) -> tuple[int, int, int, int]:
     The channels come from the model's first convolution (so a torchvision model
     gets 3 and Fashion-MNIST's grayscale is repeated); without one, the dataset's.
     """
-    from torch import nn
-
     from optkit.data import dataset_info
+    from optkit.io.models import input_channels
 
     info = dataset_info(data)
-    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    channels = first_conv.in_channels if first_conv is not None else info.channels
-    return (1, channels, *info.image_size)
+    return (1, input_channels(model) or info.channels, *info.image_size)
 
 
 def finetune_run_options(pipeline, out_dir: str, *, resume: bool, teacher=None):

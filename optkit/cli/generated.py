@@ -91,10 +91,8 @@ def settings_from_flags(cls: type, flags: dict[str, Flag], given: dict[str, Any]
     try:
         return cls(**values)
     except (ValueError, TypeError) as e:
-        message = str(e)
-        for flag in flags.values():
-            message = re.sub(rf"\b{re.escape(flag.uses[0].field)}\b", f"--{flag.name}", message)
-        raise click.UsageError(message) from e
+        fields = {flag.uses[0].field: flag.name for flag in flags.values()}
+        raise click.UsageError(_in_flag_terms(str(e), fields)) from e
 
 
 def variants(classes: Iterable[type]) -> dict[str, list[tuple[str, str]]]:
@@ -248,11 +246,16 @@ def _entry(cls: type, values: dict[str, Any], flags: dict[str, Flag]) -> dict[st
 
 
 def _in_flag_words(message: str, cls: type, flags: dict[str, Flag]) -> str:
-    for flag in flags.values():
-        for use in flag.uses:
-            if use.pass_name == cls.name and use.field is not None:
-                message = re.sub(rf"\b{re.escape(use.field)}\b", f"--{flag.name}", message)
-    return f"{cls.name}: {message}"
+    fields = {use.field: flag.name for flag in flags.values() for use in flag.uses
+              if use.pass_name == cls.name and use.field is not None}
+    return f"{cls.name}: {_in_flag_terms(message, fields)}"
+
+
+def _in_flag_terms(message: str, fields: dict[str, str]) -> str:
+    """``message`` with each field name replaced by its ``--flag`` (``round_to`` -> ``--round-to``)."""
+    for name, flag in fields.items():
+        message = re.sub(rf"\b{re.escape(name)}\b", f"--{flag}", message)
+    return message
 
 
 def parse_generic(text: str) -> dict[str, Any]:

@@ -219,8 +219,14 @@ def infer_input_shape(loaded: LoadedModel) -> tuple[int, ...]:
     if loaded.recorded_input_shape is not None:
         return loaded.recorded_input_shape
     shape = default_input_shape(loaded.source)
-    first_conv = next((m for m in loaded.model.modules() if isinstance(m, nn.Conv2d)), None)
-    return (shape[0], first_conv.in_channels, *shape[2:]) if first_conv is not None else shape
+    channels = input_channels(loaded.model)
+    return (shape[0], channels, *shape[2:]) if channels is not None else shape
+
+
+def input_channels(model: nn.Module) -> int | None:
+    """The input channels of the model's first 2-D convolution, or ``None`` without one."""
+    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    return first_conv.in_channels if first_conv is not None else None
 
 
 def default_input_shape(spec: str) -> tuple[int, int, int, int]:
