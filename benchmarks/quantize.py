@@ -4,10 +4,12 @@ For each torchvision model (random-init weights: latency does not depend on
 their values): the FP32 export, its INT8 model (static QDQ per-channel for CNNs,
 dynamic for vit_b_16, whose time is in linear layers), the model structurally
 pruned at 0.3 (``StructuredPrune``) exported FP32, and that pruned model in
-INT8. The four files are timed interleaved in one process (one call of each in
-turn, ``session.intra_op.allow_spinning = 0``) at each batch size and thread
-count, so a change in machine load slows them alike; the 1-minute load average
-is recorded at the start and end of each model.
+INT8. The four files are timed with
+:func:`optkit.analysis.latency.interleaved_latency` at each batch size and
+thread count: alternating blocks of calls, one session alive at a time, with
+ONNX Runtime's default spinning thread pool (as a served model runs), so a
+change in machine load slows them alike; the 1-minute load average is
+recorded at the start and end of each model.
 
 Every INT8 file comes from ``optkit.passes.quantize.quantize_onnx``, which leaves
 in FP32 the op groups whose INT8 kernels measure slower on this machine. With
@@ -68,7 +70,9 @@ NOTES = [
     "with FP32 on random inputs is listed but not enforced. Accuracy claims come from the Fashion-MNIST part only.",
     "The op groups that quantize_onnx kept in FP32 (their INT8 kernels measured slower, timed at 1 thread, batch 1) "
     "are listed per model.",
-    "Speedups are FP32 median / variant median at the same batch and thread count, all four files timed interleaved.",
+    "Speedups are FP32 median / variant median at the same batch and thread count, all four files timed in "
+    "alternating blocks (one session alive at a time, spinning thread pools). Runs before 2026-12-03 10:00 UTC kept "
+    "all four sessions alive with spinning off, which charged every operator a thread wake-up at 2 threads.",
     "The load average columns are the 1-minute load at the start and end of the model; the benchmark's own threads add "
     "about 1 each, more means something else ran and absolute milliseconds are inflated.",
 ]

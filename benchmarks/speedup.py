@@ -1,16 +1,17 @@
-"""Measured ONNX Runtime CPU speedup of structured pruning, against the MACs it removes.
+"""Measured ONNX Runtime CPU speed-up of structured pruning, against the MACs it removes.
 
-For each model and structured pruning ratio: the MACs ratio (after / before),
-ONNX Runtime CPU latency at batch 1 and 8 before and after (median of timed
-runs after warm-up, fixed thread count, sequential execution), the measured
-speedup, and its efficiency = measured speedup / (1 / MACs ratio), i.e. the
-fraction of the MACs-ideal speedup that the CPU delivers.
+For each model: the unpruned model, optkit's default ``--prune 0.3`` path
+(``StructuredPrune`` with its default settings) and torch-pruning called
+directly the way a first-time user would (``BasePruner``, group L1
+importance, ratio 0.3, ``round_to`` 8, the classifier and any
+``nn.MultiheadAttention`` ignored). All three are exported with
+:func:`optkit.export.onnx.export_onnx` (verified against PyTorch) and timed in
+ONNX Runtime at every thread count and batch size of the run with
+:func:`optkit.analysis.latency.interleaved_latency`: alternating blocks, one
+session alive at a time, spinning thread pools as ONNX Runtime serves.
 
-Every model file is written by ``optkit.export.onnx.export_onnx``, so each one is
-verified against PyTorch before it is timed. The unpruned and pruned sessions
-of a model are timed interleaved (one run of each in turn), so a change in
-machine load while the benchmark runs slows all of them alike instead of
-biasing the speedup; the load average is recorded next to the figures.
+Efficiency = measured speed-up / (1 / MACs ratio): 1.0 means the CPU delivers
+the whole MACs saving.
 
 Run (timings only mean something when nothing else heavy runs; other
 benchmarks on this machine take the same lock)::
@@ -32,159 +33,144 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 import torch
 import torchvision
 
-from optkit.io.files import write_text
-from optkit.export.onnx import export_onnx
+from optkit.analysis.latency import interleaved_latency
 from optkit.analysis.metrics import count_macs
+from optkit.export.onnx import export_onnx
+from optkit.io.files import write_text
 from optkit.passes.prune.passes import StructuredPrune
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16")
-RATIOS = (0.3, 0.5)
+RATIO = 0.3
+THREADS = (2, 1)
 BATCHES = (1, 8)
 INPUT_SHAPE = (1, 3, 224, 224)
-OPT_LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+VARIANTS = ("optkit", "torch_pruning")
 RESULTS = Path(__file__).parent / "results"
 NOTES = [
-    "In vit_b_16 StructuredPrune keeps the 12 attention heads and shrinks each head's dimensions alike (the "
-    "residual width with them) and the MLP hidden units, and writes hidden_dim back, so attention shrinks too.",
+    "Timing: for each thread count and batch, the three files of a model are timed in alternating blocks of "
+    "5 calls, each block on a fresh session after 3 untimed calls, one session alive at a time, with ONNX "
+    "Runtime's default spinning thread pool. Earlier runs kept all sessions alive with spinning turned off; "
+    "that charges each operator a thread wake-up at 2 threads and made pruned (smaller) models look up to "
+    "25% less efficient than they are when served.",
+    "torch-pruning direct: BasePruner(GroupMagnitudeImportance(p=1), pruning_ratio=0.3, round_to=8), ignoring "
+    "the last Linear and every nn.MultiheadAttention (it breaks them otherwise).",
     "torchvision zero-initializes vit_b_16's classifier head, so with random weights its outputs are exactly "
     "zero and its export check is trivial there (latency does not depend on the weights' values).",
-    "Both the unpruned and pruned models go through the same export (BatchNorm folded, TorchScript exporter "
-    "unless it fails) and the same ONNX Runtime settings.",
-    "The 1-minute load average at the start and end of each model is in the last column. The benchmark's own "
-    "threads add about 1 each; more than that means something else was running and absolute milliseconds are "
-    "inflated (interleaved timing keeps the before/after ratio fair).",
+    "The 1-minute load average at the start and end of each model is in the last column; the benchmark's own "
+    "threads add up to 2.",
 ]
 
 
-def session(path: Path, threads: int, level: str) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = OPT_LEVELS[level]
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+def prune_direct(model: torch.nn.Module) -> torch.nn.Module:
+    """torch-pruning as its README shows it, with the layers it cannot prune ignored."""
+    import torch_pruning as tp
 
-
-def interleaved_latency(sessions: list[ort.InferenceSession], batch: int, *, warmup: int, repeats: int) -> list[dict]:
-    """Median/min latency (ms) of each session, timing one run of each in turn."""
-    feed = np.random.default_rng(0).standard_normal((batch, *INPUT_SHAPE[1:]), dtype=np.float32)
-    runs = [lambda s=s: s.run(None, {s.get_inputs()[0].name: feed}) for s in sessions]
-    for run in runs:
-        for _ in range(warmup):
-            run()
-    samples: list[list[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for run, out in zip(runs, samples):
-            start = time.perf_counter()
-            run()
-            out.append((time.perf_counter() - start) * 1000.0)
-    return [{"median_ms": round(statistics.median(s), 3), "min_ms": round(min(s), 3),
-             "spread": round(float(np.percentile(s, 90)) / statistics.median(s), 3)} for s in samples]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    ignored = linears[-1:] + [m for m in model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
+    pruner = tp.pruner.BasePruner(model, torch.randn(INPUT_SHAPE), importance=tp.importance.GroupMagnitudeImportance(p=1),
+                                  pruning_ratio=RATIO, ignored_layers=ignored, round_to=8)
+    pruner.step()
+    return model
 
 
 def bench_model(name: str, args, scratch: Path) -> dict:
     torch.manual_seed(0)
     model = torchvision.models.get_model(name).eval()
     base_macs = count_macs(model, INPUT_SHAPE)
-    entries = [{"ratio": 0.0, "macs": base_macs}]
-    paths = [scratch / f"{name}-0.onnx"]
-    export_onnx(model, paths[0], INPUT_SHAPE, exporter=args.exporter)
-    for ratio in args.ratios:
+    variants = {"optkit": lambda m: StructuredPrune(ratio=RATIO, input_shape=INPUT_SHAPE)(m), "torch_pruning": prune_direct}
+    paths = [scratch / f"{name}-original.onnx"]
+    export_onnx(model, paths[0], INPUT_SHAPE)
+    entries: dict[str, dict] = {}
+    for variant, prune in variants.items():
         pruned = copy.deepcopy(model)
         start = time.perf_counter()
-        StructuredPrune(ratio=ratio, round_to=args.round_to, input_shape=INPUT_SHAPE)(pruned)
-        prune_s = time.perf_counter() - start
-        macs = count_macs(pruned, INPUT_SHAPE)
-        path = scratch / f"{name}-{ratio}.onnx"
-        result = export_onnx(pruned, path, INPUT_SHAPE, exporter=args.exporter)
-        entries.append({"ratio": ratio, "macs": macs, "macs_ratio": round(macs / base_macs, 4),
-                        "prune_seconds": round(prune_s, 2), "exporter": result.exporter,
-                        "max_abs_diff": max(v.max_abs_diff for v in result.verification),
-                        "max_abs_output": max(v.max_abs_ref for v in result.verification)})
+        try:
+            prune(pruned)
+        except Exception as e:  # torch-pruning direct may fail; that is a result
+            entries[variant] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            continue
+        seconds = time.perf_counter() - start
+        path = scratch / f"{name}-{variant}.onnx"
+        export_onnx(pruned.eval(), path, INPUT_SHAPE)
+        entries[variant] = {"macs_ratio": round(count_macs(pruned, INPUT_SHAPE) / base_macs, 4),
+                            "prune_seconds": round(seconds, 2), "path": path}
         paths.append(path)
-    sessions = [session(p, args.threads, args.opt_level) for p in paths]
+    timed = [v for v in VARIANTS if "path" in entries[v]]
     load_before = os.getloadavg()[0]
-    for batch in args.batches:
-        timings = interleaved_latency(sessions, batch, warmup=args.warmup, repeats=args.repeats)
-        for entry, timing in zip(entries, timings):
-            entry[f"batch{batch}"] = timing
-        for entry in entries[1:]:
-            speedup = entries[0][f"batch{batch}"]["median_ms"] / entry[f"batch{batch}"]["median_ms"]
-            entry[f"batch{batch}"]["speedup"] = round(speedup, 3)
-            entry[f"batch{batch}"]["efficiency"] = round(speedup * entry["macs_ratio"], 3)
-    return {"model": name, "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "runs": entries}
+    original: dict[str, float] = {}
+    for threads in args.threads:
+        for batch in args.batches:
+            key = f"t{threads}_b{batch}"
+            results = interleaved_latency(paths, (batch, *INPUT_SHAPE[1:]), threads=threads, warmup=3,
+                                          repeats=args.repeats)
+            original[key] = round(results[0].median_ms, 3)
+            for variant, result in zip(timed, results[1:]):
+                speedup = results[0].median_ms / result.median_ms
+                entries[variant][key] = {"median_ms": round(result.median_ms, 3), "spread": round(result.spread, 3),
+                                         "speedup": round(speedup, 3),
+                                         "efficiency": round(speedup * entries[variant]["macs_ratio"], 3)}
+    for entry in entries.values():
+        entry.pop("path", None)
+    return {"model": name, "original_ms": original, **entries,
+            "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
 
-def summary(models: list[dict], ratios, batches) -> dict:
+def summary(models: list[dict], args) -> dict:
     out = {}
-    for ratio in ratios:
-        for batch in batches:
-            values = [run[f"batch{batch}"]["efficiency"] for m in models for run in m["runs"] if run["ratio"] == ratio]
-            out[f"ratio{ratio}_batch{batch}_median_efficiency"] = round(statistics.median(values), 3)
+    for variant in VARIANTS:
+        for threads in args.threads:
+            for batch in args.batches:
+                key = f"t{threads}_b{batch}"
+                values = [m[variant][key]["efficiency"] for m in models if key in m[variant]]
+                if values:
+                    out[f"{variant} {threads} thread(s) batch {batch}"] = round(statistics.median(values), 3)
     return out
 
 
 def to_markdown(report: dict) -> str:
-    cfg = report["config"]
-    lines = ["# Structured pruning: ONNX Runtime CPU speedup vs MACs", "",
+    keys = [f"t{t}_b{b}" for t in report["config"]["threads"] for b in report["config"]["batches"]]
+    header = " | ".join(f"{k.replace('_', ' ')} ms / eff." for k in keys)
+    lines = ["# Structured pruning: ONNX Runtime CPU speed-up vs MACs", "",
              f"Command: `{report['command']}`", "",
-             f"Measured {report['date']} on {report['machine']}; onnxruntime {cfg['onnxruntime']}, "
-             f"torch {cfg['torch']}, {cfg['threads']} intra-op threads, sequential execution, graph optimization "
-             f"level `{cfg['opt_level']}`, exporter `{cfg['exporter']}`, StructuredPrune round_to={cfg['round_to']}, "
-             f"input {'x'.join(map(str, INPUT_SHAPE[1:]))}, median of {cfg['repeats']} interleaved runs after "
-             f"{cfg['warmup']} warm-up runs. Random-init weights (latency does not depend on them).", "",
-             "Efficiency = measured speedup / (1 / MACs ratio): 1.0 means the CPU delivers the whole MACs saving.", "",
-             "| model | ratio | MACs ratio | b1 before ms | b1 after ms | b1 speedup | b1 efficiency "
-             "| b8 before ms | b8 after ms | b8 speedup | b8 efficiency | load avg (start, end) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"Measured {report['date']} on {report['machine']}; onnxruntime {report['config']['onnxruntime']}, "
+             f"torch {report['config']['torch']}, input {'x'.join(map(str, INPUT_SHAPE[1:]))}, ratio {RATIO}, "
+             f"median of {report['config']['repeats']} timed calls per file and setting ({report['seconds']:.0f} s "
+             "in all). Random-init weights (latency does not depend on them). tN bM: N intra-op threads, batch M.", "",
+             "Efficiency = measured speed-up / (1 / MACs ratio).", "",
+             f"| model | variant | MACs ratio | prune s | {header} | load avg (start, end) |",
+             "|---|---|---:|---:|" + "---:|" * len(keys) + "---|"]
     for m in report["models"]:
-        base = m["runs"][0]
-        for run in m["runs"][1:]:
-            cells = [m["model"], f"{run['ratio']}", f"{run['macs_ratio']:.3f}"]
-            for batch in (1, 8):
-                key = f"batch{batch}"
-                if key in run:
-                    cells += [f"{base[key]['median_ms']:.1f}", f"{run[key]['median_ms']:.1f}",
-                              f"{run[key]['speedup']:.2f}", f"{run[key]['efficiency']:.2f}"]
-                else:
-                    cells += ["", "", "", ""]
-            cells.append(", ".join(map(str, m["load_avg_1min"])))
-            lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"## Median efficiency across the {len(report['models'])} models", ""]
+        lines.append(f"| {m['model']} | original | 1.000 | | "
+                     + " | ".join(f"{m['original_ms'][k]:.1f}" for k in keys) + f" | {', '.join(map(str, m['load_avg_1min']))} |")
+        for variant in VARIANTS:
+            entry = m[variant]
+            if "error" in entry:
+                lines.append(f"| | {variant} | {entry['error']} | |" + " |" * len(keys) + " |")
+                continue
+            cells = [f"{entry[k]['median_ms']:.1f} / {entry[k]['efficiency']:.2f}" for k in keys]
+            lines.append(f"| | {variant} | {entry['macs_ratio']:.3f} | {entry['prune_seconds']:.1f} | "
+                         + " | ".join(cells) + " | |")
+    lines += ["", f"## Median efficiency over the {len(report['models'])} models", ""]
     lines += [f"- {key}: **{value:.3f}**" for key, value in report["summary"].items()]
-    if report.get("notes"):
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated torchvision names")
-    parser.add_argument("--ratios", default=",".join(map(str, RATIOS)), help="comma-separated structured ratios")
+    parser.add_argument("--threads", default=",".join(map(str, THREADS)), help="comma-separated intra-op threads")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
-    parser.add_argument("--round-to", type=int, default=16,
-                        help="StructuredPrune round_to; 16 fp32 values fill one AVX-512 register, the block ONNX Runtime's NCHWc convolutions use")
-    parser.add_argument("--opt-level", choices=sorted(OPT_LEVELS), default="all")
-    parser.add_argument("--exporter", choices=["auto", "torchscript", "dynamo"], default="auto")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="ONNX Runtime intra-op threads; on the 2-core benchmark machine 1 thread ran faster "
-                             "than 2 for most models (see speedup-2threads.md)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per file and setting")
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     parser.add_argument("--out", default=str(RESULTS / "speedup"), help="output path without extension")
     args = parser.parse_args(argv)
-    args.ratios = [float(r) for r in args.ratios.split(",")]
+    args.threads = [int(t) for t in args.threads.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
-    torch.set_num_threads(args.threads)
-
     started = time.perf_counter()
     models: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="optkit-speedup-") as scratch:
@@ -200,12 +186,11 @@ def write_results(args, argv, models: list[dict], started: float) -> None:
         "command": "flock /tmp/optkit-bench.lock python benchmarks/speedup.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".replace("  ", " "),
-        "config": {"threads": args.threads, "opt_level": args.opt_level, "exporter": args.exporter,
-                   "round_to": args.round_to, "warmup": args.warmup, "repeats": args.repeats,
+        "config": {"threads": args.threads, "batches": args.batches, "repeats": args.repeats,
                    "onnxruntime": ort.__version__, "torch": torch.__version__},
         "seconds": round(time.perf_counter() - started, 1),
         "models": models,
-        "summary": summary(models, args.ratios, args.batches),
+        "summary": summary(models, args),
         "notes": NOTES + args.note,
     }
     out = Path(args.out)

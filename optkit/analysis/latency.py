@@ -262,8 +262,16 @@ def compare(a: list[Latency], b: list[Latency]) -> list[dict[str, Any]]:
     return pairs
 
 
-def onnx_session(path: str | os.PathLike, threads: int):
-    """A CPU ONNX Runtime session with ``threads`` intra-op threads that do not spin while idle.
+def onnx_session(path: str | os.PathLike, threads: int, *, spinning: bool = False):
+    """A CPU ONNX Runtime session with ``threads`` intra-op threads.
+
+    Args:
+        path: the ONNX file.
+        threads: intra-op threads.
+        spinning: let idle pool threads spin for work, as ONNX Runtime does by
+            default. Fastest for one session called in a loop (how a model is
+            served), but the spinning threads of one session slow down any
+            other session running in the process, so it is off unless asked.
 
     Raises:
         OptkitError: if ONNX Runtime cannot load the file.
@@ -274,7 +282,7 @@ def onnx_session(path: str | os.PathLike, threads: int):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     try:
         return ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
     except Exception as e:
@@ -282,44 +290,63 @@ def onnx_session(path: str | os.PathLike, threads: int):
 
 
 def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequence[int], *, threads: int = 1,
-                        warmup: int = 3, repeats: int = 20, seed: int = 0) -> list[Latency]:
-    """Time several single-input ONNX files on the same random input, one call of each in turn.
+                        warmup: int = 3, repeats: int = 20, block: int = 5, seed: int = 0) -> list[Latency]:
+    """Time several single-input ONNX files on the same random input, in alternating blocks.
+
+    Each file is timed the way it is served: one session, spinning thread
+    pool (ONNX Runtime's default), calls back to back. Only one session
+    exists at a time: a block of ``block`` timed calls runs on a fresh
+    session after ``warmup`` untimed calls, then the session is closed and
+    the next file's block runs, round after round. Two live sessions would
+    slow each other down (idle spinning threads, up to 2x at 2 threads on 2
+    cores), and turning spinning off to avoid that charges every operator a
+    thread wake-up, which penalizes small (pruned) models unfairly. The
+    alternation spreads a change in machine load over all files alike.
 
     Args:
         paths: the files (all must accept ``input_shape``).
         input_shape: the input shape of one call, batch first.
         threads: intra-op threads of every session.
-        warmup: untimed calls of each file first.
-        repeats: timed calls of each file.
+        warmup: untimed calls on each fresh session.
+        repeats: timed calls of each file in all (rounded up to whole blocks).
+        block: timed calls per session.
         seed: seed of the random input.
 
     Returns:
         one :class:`optkit.analysis.latency.Latency` per file, in order.
 
     Raises:
-        ValueError: for ``repeats < 1`` or ``warmup < 0``.
+        ValueError: for ``repeats < 1``, ``block < 1`` or ``warmup < 0``.
         OptkitError: if a file cannot be loaded or run.
     """
+    import gc
+
     import numpy as np
 
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"warmup must be >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
-    shape = tuple(int(v) for v in input_shape)
-    feed = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-    sessions = [onnx_session(p, threads) for p in paths]
-    calls = [lambda s=s: s.run(None, {s.get_inputs()[0].name: feed}) for s in sessions]
-    samples: list[list[float]] = [[] for _ in calls]
-    try:
-        for call in calls:
-            for _ in range(warmup):
-                call()
-        for _ in range(repeats):
-            for call, out in zip(calls, samples):
-                start = time.perf_counter()
-                call()
-                out.append((time.perf_counter() - start) * 1000.0)
-    except Exception as e:
-        raise OptkitError(f"ONNX Runtime failed to run on input shape {','.join(map(str, shape))} ({e})") from e
     from optkit.analysis.metrics import summarize_ms
 
+    if repeats < 1 or warmup < 0 or block < 1:
+        raise ValueError(f"warmup must be >= 0, repeats and block >= 1, got warmup={warmup}, repeats={repeats}, "
+                         f"block={block}")
+    shape = tuple(int(v) for v in input_shape)
+    feed = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    block = min(block, repeats)
+    samples: list[list[float]] = [[] for _ in paths]
+    try:
+        for _ in range(-(-repeats // block)):
+            for path, out in zip(paths, samples):
+                session = onnx_session(path, threads, spinning=True)
+                inputs = {session.get_inputs()[0].name: feed}
+                for _ in range(warmup):
+                    session.run(None, inputs)
+                for _ in range(block):
+                    start = time.perf_counter()
+                    session.run(None, inputs)
+                    out.append((time.perf_counter() - start) * 1000.0)
+                del session
+                gc.collect()
+    except OptkitError:
+        raise
+    except Exception as e:
+        raise OptkitError(f"ONNX Runtime failed to run on input shape {','.join(map(str, shape))} ({e})") from e
     return [_latency("onnxruntime", "cpu", shape, threads, summarize_ms(s), warmup) for s in samples]

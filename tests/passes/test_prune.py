@@ -181,7 +181,7 @@ def test_importance_choices_prune(importance):
     model = build("resnet18")
     batches = [(torch.randn(4, 3, 64, 64), torch.randint(0, 1000, (4,))) for _ in range(2)]
     extra = {"calibration": batches} if importance == "taylor" else {}
-    StructuredPrune(ratio=0.3, importance=importance, input_shape=SMALL, **extra).apply(model)
+    StructuredPrune(ratio=0.3, importance=importance, input_shape=SMALL, round_to=8, **extra).apply(model)
     assert model.layer1[0].conv1.out_channels == 40  # 64 * 0.7 = 44.8, rounded down to a multiple of 8
 
 
@@ -258,7 +258,7 @@ def test_iterative_steps_reach_the_same_ratio():
 
 def test_layer_ratio_overrides_and_ignored_layers():
     model = build("resnet18")
-    details = StructuredPrune(ratio=0.3, input_shape=SMALL, layer_ratios={"layer4.*": 0.6},
+    details = StructuredPrune(ratio=0.3, round_to=8, input_shape=SMALL, layer_ratios={"layer4.*": 0.6},
                               ignored_layers=("layer2.*",)).apply(model).details
     assert model.layer1[0].conv1.out_channels == 40
     assert model.layer4[0].conv1.out_channels == 200  # 512 * 0.4 = 204.8 -> 200

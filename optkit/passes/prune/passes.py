@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random")
 DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_ROUND_TO = 16
 PRUNE_RATIO_HELP = "Fraction to prune, in [0, 1): channels (structured) or weights (unstructured)."
 GLOBAL_HELP = "Rank across all layers instead of per layer."
 UNSTRUCTURED_NOTE = (
@@ -85,10 +86,14 @@ class StructuredPrune(Pass):
     stage = Stage.PRUNE
     variant = ("method", "structured")
     variant_default = True
-    ratio: float = setting(0.3, help=PRUNE_RATIO_HELP + " Ignored when target_macs or target_params is set.",
+    ratio: float = setting(0.3, help=PRUNE_RATIO_HELP + " Ignored when target_macs, target_params or "
+                           "target_latency is set.",
                            low=0, high=1, high_open=True, flag="prune", enables=True)
-    round_to: int = setting(8, help="Keep channel counts multiples of this (aligned counts run faster); 1 disables "
-                            "rounding.", low=1, flag="round-to")
+    round_to: int | str = setting(DEFAULT_ROUND_TO, help="Keep channel counts multiples of this (aligned counts "
+                                  "run faster: 16 fp32 values fill one AVX-512 register, the channel block of ONNX "
+                                  "Runtime's CPU convolutions); 1 disables rounding; auto (with target_latency) "
+                                  "picks 4, 8, 16 or 32 by the latency table.", low=1, also=("auto",),
+                                  flag="round-to", metavar="auto|N")
     importance: str = setting("l1", help="How channels are ranked: l1, l2, taylor (gradient x weight; needs data), "
                               "bn_scale, or random (a baseline).", choices=STRUCTURED_IMPORTANCE, flag="importance")
     global_: bool = setting(False, help=GLOBAL_HELP, flag="global")
@@ -104,6 +109,13 @@ class StructuredPrune(Pass):
     target_params: float | None = setting(None, help="Prune until parameters are this fraction of the original "
                                           "(instead of ratio).", low=0, high=1, low_open=True, high_open=True,
                                           flag="target-params", enables=True, replaces=("ratio",))
+    target_latency: float | None = setting(None, help="Prune until the ONNX Runtime latency, measured on this "
+                                           "machine, is this fraction of the original (instead of ratio).",
+                                           low=0, high=1, low_open=True, high_open=True, flag="target-latency",
+                                           enables=True, replaces=("ratio",))
+    latency_threads: int | None = setting(None, help="Intra-op threads the latency target is measured at "
+                                          "(default: all cores).", low=1, flag="threads")
+    latency_batch: int = setting(1, help="Batch size the latency target is measured at.", low=1, flag="batch")
     target_tolerance: float = setting(0.01, help="Stop the target search once the achieved fraction is this close.",
                                       low=0, high=0.5, high_open=True)
     timeout_s: float = setting(DEFAULT_TIMEOUT_S, help="Time limit in seconds for one try at tracing, pruning and "
@@ -126,12 +138,19 @@ class StructuredPrune(Pass):
     def check(self) -> None:
         if self.target_macs is not None and self.target_params is not None:
             raise ValueError("give target_macs or target_params, not both")
+        if self.target_latency is not None and (self.target_macs is not None or self.target_params is not None):
+            raise ValueError("give target_latency or target_macs/target_params, not both")
+        if self.round_to == "auto" and self.target_latency is None:
+            raise ValueError("round_to 'auto' is chosen by the latency table: it needs target_latency")
         if self.importance == "taylor" and self.data is None and self.calibration is None:
             raise ValueError("importance 'taylor' needs data: set data (a dataset spec) or calibration (batches)")
 
     def apply(self, model: nn.Module) -> PassResult:
+        from optkit.passes.prune import latency_target as _latency_target
         from optkit.passes.prune import target as _prune_target
 
+        if self.target_latency is not None:
+            return _latency_target.search(self, model)
         if self.target_macs is None and self.target_params is None:
             return PassResult(model, self.prune(model, self.ratio))
         return _prune_target.search(self, model)
@@ -267,7 +286,7 @@ def _adopt(model: nn.Module, pruned: nn.Module) -> None:
 
 
 def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_SHAPE, *,
-                   ignored_layers: Iterable[str] = (), round_to: int = 8) -> dict[str, str]:
+                   ignored_layers: Iterable[str] = (), round_to: int = DEFAULT_ROUND_TO) -> dict[str, str]:
     """Conv/linear layers a structured prune would leave untouched, with the reason for each.
 
     A dry run: the model is traced but not changed (its train/eval mode is restored).

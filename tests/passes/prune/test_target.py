@@ -8,6 +8,7 @@ from torch import nn
 from optkit.analysis.metrics import count_macs
 from optkit.demo.fashion_resnet import FashionResNet
 from optkit.passes.prune import StructuredPrune
+from optkit.passes.prune.passes import DEFAULT_ROUND_TO
 
 SHAPE = (1, 1, 28, 28)
 
@@ -19,8 +20,8 @@ def test_small_model_lands_within_two_hundredths_with_default_settings():
     achieved = count_macs(result.model, SHAPE) / before
     assert achieved == pytest.approx(0.5, abs=0.02)
     assert result.details["achieved_fraction"] == pytest.approx(achieved, abs=1e-4)
-    if result.details["round_to"] != 8:
-        assert any("round_to 8 could not reach macs 0.5" in note for note in result.details["notes"])
+    if result.details["round_to"] != DEFAULT_ROUND_TO:
+        assert any(f"round_to {DEFAULT_ROUND_TO} could not reach macs 0.5" in note for note in result.details["notes"])
 
 
 def test_a_target_out_of_reach_is_said_in_one_line():

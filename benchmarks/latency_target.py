@@ -1,0 +1,132 @@
+"""Pruning to a measured latency target against pruning to a MACs target at the same measured latency.
+
+For each model at 224x224, 2 threads, batch 1: ``StructuredPrune(target_latency=0.5)`` (the per-layer
+latency table, greedy channel removal, measured correction), then ``StructuredPrune(target_macs=...)``
+with the MACs fraction searched so that its measured latency equals the latency-target model's (one
+bisection on the measured fraction, at most ``MACS_TRIES`` prunes). Both pruned models and the original
+are exported and timed in alternating blocks with
+:func:`optkit.analysis.latency.interleaved_latency`. The latency table is built twice (cold cache,
+then cached) to record both costs.
+
+Run (timings only mean something when nothing else heavy runs; other benchmarks take the same lock)::
+
+    flock /tmp/optkit-bench.lock python benchmarks/latency_target.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torchvision
+
+from optkit.analysis.latency import interleaved_latency
+from optkit.analysis.latency_table import build_table
+from optkit.analysis.metrics import count_macs
+from optkit.export.onnx import export_onnx
+from optkit.io.files import write_text
+from optkit.passes.prune.passes import StructuredPrune
+
+MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16")
+TARGET = 0.5
+THREADS = 2
+BATCH = 1
+INPUT_SHAPE = (1, 3, 224, 224)
+MACS_TRIES = 4
+RESULTS = Path(__file__).parent / "results"
+
+
+def _measure(models: list, folder: str) -> list[float]:
+    """Median ms of each model in ONNX Runtime, timed in alternation."""
+    paths = []
+    for i, model in enumerate(models):
+        path = os.path.join(folder, f"m{i}.onnx")
+        export_onnx(model, path, INPUT_SHAPE, dynamic_batch=False)
+        paths.append(path)
+    return [r.median_ms for r in interleaved_latency(paths, INPUT_SHAPE, threads=THREADS, repeats=30)]
+
+
+def run_model(name: str, cache: str) -> dict:
+    """One model's row: the latency-target prune and the MACs-target prune at the same measured latency."""
+    os.environ["OPTKIT_CACHE_DIR"] = cache
+    model = torchvision.models.get_model(name).eval()
+    macs = count_macs(model, INPUT_SHAPE)
+    first = build_table(model, INPUT_SHAPE, threads=THREADS, batch=BATCH).cost
+    cached = build_table(model, INPUT_SHAPE, threads=THREADS, batch=BATCH).cost
+    start = time.perf_counter()
+    latency = StructuredPrune(target_latency=TARGET, input_shape=INPUT_SHAPE, latency_threads=THREADS,
+                              latency_batch=BATCH).apply(copy.deepcopy(model))
+    latency_s = time.perf_counter() - start
+    goal = latency.details["measured_fraction"]
+    low, high, macs_target = 0.05, 0.95, latency.details["macs_fraction"]
+    best = None
+    with tempfile.TemporaryDirectory(prefix="optkit-latency-bench-") as folder:
+        for _ in range(MACS_TRIES):
+            pruned = StructuredPrune(target_macs=macs_target, input_shape=INPUT_SHAPE).apply(copy.deepcopy(model))
+            base, lat_ms, macs_ms = _measure([model, latency.model, pruned.model], folder)
+            fraction = macs_ms / base
+            if best is None or abs(fraction - lat_ms / base) < abs(best["measured_fraction"] - best["latency_ref"]):
+                best = {"target_macs": macs_target, "measured_fraction": round(fraction, 4),
+                        "latency_ref": round(lat_ms / base, 4),
+                        "macs_fraction": round(count_macs(pruned.model, INPUT_SHAPE) / macs, 4)}
+            if abs(fraction - lat_ms / base) <= 0.02:
+                break
+            low, high = (macs_target, high) if fraction < lat_ms / base else (low, macs_target)
+            macs_target = round((low + high) / 2, 4)
+    d = latency.details
+    return {"model": name, "target_latency": TARGET,
+            "latency_target": {"predicted_fraction": d["predicted_fraction"], "measured_fraction": goal,
+                               "macs_fraction": d["macs_fraction"], "round_to": d["round_to"],
+                               "tries": d["tries"], "seconds": round(latency_s, 1)},
+            "macs_target": best, "lut_first": first, "lut_cached": cached}
+
+
+def _markdown(rows: list[dict], meta: dict) -> str:
+    lines = [f"# Latency target {TARGET} vs MACs target at the same measured latency", "",
+             f"`{meta['command']}`, {meta['date']}, {meta['cpu']}, load average before {meta['load_before']}, "
+             f"after {meta['load_after']}; {THREADS} threads, batch {BATCH}, input {INPUT_SHAPE}.", "",
+             "| model | predicted | measured | MACs kept (latency) | MACs kept (MACs target) | MACs-target "
+             "measured | LUT first s (measurements) | LUT cached s |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | |")
+            continue
+        lt, mt = r["latency_target"], r["macs_target"]
+        lines.append(f"| {r['model']} | {lt['predicted_fraction']:.3f} | {lt['measured_fraction']:.3f} | "
+                     f"{lt['macs_fraction']:.3f} | {mt['macs_fraction']:.3f} | {mt['measured_fraction']:.3f} | "
+                     f"{r['lut_first']['seconds']:.1f} ({r['lut_first']['measurements']}) | "
+                     f"{r['lut_cached']['seconds']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Run the models and write ``results/latency_target.json`` and ``.md``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    args = parser.parse_args()
+    meta = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "cpu": platform.processor(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "load_before": [round(v, 2) for v in os.getloadavg()]}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="optkit-lut-cache-") as cache:
+        for name in args.models:
+            try:
+                rows.append(run_model(name, cache))
+            except Exception as e:  # one model's failure is a row of the report, not the end of the run
+                rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
+            print(json.dumps(rows[-1]), flush=True)
+    meta["load_after"] = [round(v, 2) for v in os.getloadavg()]
+    write_text(RESULTS / "latency_target.json", json.dumps({"meta": meta, "rows": rows}, indent=2))
+    write_text(RESULTS / "latency_target.md", _markdown(rows, meta))
+
+
+if __name__ == "__main__":
+    main()
