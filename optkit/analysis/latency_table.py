@@ -202,6 +202,7 @@ def _time_layer(spec: dict[str, Any], threads: int, step: int, repeats: int) -> 
     import numpy as np
 
     from optkit.analysis.latency import onnx_session
+    from optkit.analysis.metrics import time_callable
 
     out_grid = _grid(spec["out"], step)
     in_grid = [spec["in"]] if spec["depthwise"] else _grid(spec["in"], step)
@@ -220,15 +221,9 @@ def _time_layer(spec: dict[str, Any], threads: int, step: int, repeats: int) -> 
                 session = onnx_session(path, threads, spinning=True)
                 feed = {session.get_inputs()[0].name: np.random.default_rng(0).standard_normal(shape,
                                                                                              dtype=np.float32)}
-                for _ in range(2):
-                    session.run(None, feed)
-                samples = []
-                for _ in range(repeats):
-                    begin = time.perf_counter()
-                    session.run(None, feed)
-                    samples.append((time.perf_counter() - begin) * 1000.0)
+                timing = time_callable(lambda: session.run(None, feed), warmup=2, repeats=repeats)
                 del session
-                row.append(round(float(np.median(samples)), 5))
+                row.append(round(timing["median_ms"], 5))
             ms.append(row)
     return {"in_grid": in_grid, "out_grid": out_grid, "ms": ms}
 
