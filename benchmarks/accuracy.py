@@ -1,8 +1,8 @@
 """Accuracy after pruning, and how much fine-tuning (with and without distillation) recovers.
 
 Trains (or reloads) a small ResNet-style baseline on Fashion-MNIST, then for
-structured pruning at about 2× and 3× fewer MACs and unstructured pruning at
-50% / 80% reports test accuracy after pruning, after BatchNorm recalibration,
+structured pruning at about 2× and 3× fewer MACs (uniform, global and
+sensitivity allocation) and unstructured pruning at 50% / 80% reports test accuracy after pruning, after BatchNorm recalibration,
 after fine-tuning, and after fine-tuning with distillation from the unpruned
 model, with MACs and params.
 
@@ -23,9 +23,11 @@ import argparse
 import copy
 import json
 import logging
+import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -109,21 +111,29 @@ def fine_tune(model, splits, args, teacher=None) -> tuple[float, dict]:
                                                  "val_accuracy": result.best_accuracy}
 
 
-def run_config(name: str, method: str, amount: float, model, splits, args) -> dict:
+def run_config(name: str, method: str, amount: float, allocation: str | None, model, splits, args) -> dict:
     """Prune a copy of ``model``; measure accuracy after pruning, BN recalibration, fine-tuning, distillation.
 
     ``amount`` is the MACs fraction to keep for ``structured`` (optkit's
-    ``target_macs`` search finds the channel ratio) and the fraction of
+    ``target_macs`` search with the given ``allocation``: ``uniform`` and
+    ``global`` search one channel ratio, ``sensitivity`` allocates per-group
+    ratios from curves measured on the validation split) and the fraction of
     weights to zero for ``unstructured``. Both fine-tunes start from the
     recalibrated model.
     """
+    extra = {}
     if method == "structured":
-        result = StructuredPrune(target_macs=amount, round_to=ROUND_TO, input_shape=INPUT_SHAPE).apply(copy.deepcopy(model))
-        pruned, ratio = result.model, result.details["ratio"]
+        start = time.perf_counter()
+        result = StructuredPrune(target_macs=amount, allocation=allocation, round_to=ROUND_TO, input_shape=INPUT_SHAPE,
+                                 data=DATA if allocation == "sensitivity" else None).apply(copy.deepcopy(model))
+        pruned, ratio = result.model, result.details.get("ratio")
+        extra = {"allocation": allocation, "prune_seconds": round(time.perf_counter() - start, 1),
+                 **{k: result.details[k] for k in ("layer_ratios", "predicted_loss", "sensitivity")
+                    if k in result.details}}
     else:
         pruned, ratio = L1Unstructured(ratio=amount)(copy.deepcopy(model)), amount
     stats = measure(pruned, INPUT_SHAPE)
-    row = {"config": name, "method": method, "ratio": ratio, **stats.to_dict(),
+    row = {"config": name, "method": method, "ratio": ratio, **extra, **stats.to_dict(),
            "pruned": test_accuracy(pruned, splits)}
     logging.info("%s: after pruning %.4f", name, row["pruned"])
     pruned = RecalibrateBatchNorm(data=DATA, batches=args.recal_batches, batch_size=128)(pruned)
@@ -166,8 +176,29 @@ def to_markdown(report: dict) -> str:
         lines.append(f"| {r['config']} | {r['macs']:,} ({r['macs'] / base['macs']:.2f}×) | {r['params']:,} "
                      f"| {r['sparsity']:.1%} | {r['pruned']:.2%} | {r['recalibrated']:.2%} | {r['finetuned']:.2%} "
                      f"| {r['distilled']:.2%} | {delta:+.2f} |")
+    lines += allocation_summary(report)
     lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def allocation_summary(report: dict) -> list[str]:
+    """Sensitivity against uniform allocation at each MACs target: fine-tuned loss and accuracy before fine-tuning."""
+    base = report["baseline"]["test_accuracy"]
+    rows = {(r["config"].split(",")[0], r.get("allocation")): r for r in report["rows"]}
+    lines = []
+    for target in sorted({key[0] for key in rows if key[1] == "sensitivity"}):
+        sens, uniform = rows[(target, "sensitivity")], rows.get((target, "uniform"))
+        cost = sens.get("sensitivity", {})
+        line = (f"- {target}: sensitivity allocation at MACs {sens['macs'] / report['baseline']['macs']:.3f}, "
+                f"fine-tuned {100 * (sens['finetuned'] - base):+.2f} points from the baseline; "
+                f"analysis {cost.get('seconds', 0):.0f} s ({cost.get('measured', 0)} points measured, "
+                f"{cost.get('cached', 0)} from the cache)")
+        if uniform is not None:
+            line += (f"; before fine-tuning sensitivity {sens['pruned']:.2%} / {sens['recalibrated']:.2%} "
+                     f"(after pruning / after recalibration) against uniform {uniform['pruned']:.2%} / "
+                     f"{uniform['recalibrated']:.2%}")
+        lines.append(line)
+    return ["", "## Allocation", ""] + lines if lines else []
 
 
 def plot(report: dict, path: Path) -> None:
@@ -215,10 +246,16 @@ def main() -> None:
     parser.add_argument("--baseline-only", action="store_true", help="stop after the baseline")
     parser.add_argument("--checkpoint", help="training checkpoint of the baseline (resumed if it exists)")
     parser.add_argument("--progress", action="store_true", help="show progress bars")
+    parser.add_argument("--allocations", type=lambda v: tuple(v.split(",")), default=("uniform", "global", "sensitivity"),
+                        help="structured allocations to compare, comma-separated")
+    parser.add_argument("--unstructured", type=lambda v: tuple(float(x) for x in v.split(",") if x), default=(0.5, 0.8),
+                        help="unstructured ratios, comma-separated (empty: none)")
     parser.add_argument("--name", default="accuracy", help="results file names: NAME.json, NAME.md, NAME.png")
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # A private cache: the sensitivity analysis's cost is measured cold (the second target reuses it).
+    os.environ["OPTKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="optkit-accuracy-cache-")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("optkit.data.loader").setLevel(logging.WARNING)
 
@@ -230,8 +267,9 @@ def main() -> None:
     logging.info("baseline: test accuracy %.4f, %s MACs", baseline_info["test_accuracy"], f"{base_stats.macs:,}")
     if args.baseline_only:
         return
-    configs = [(f"structured {t}x fewer MACs", "structured", 1 / t) for t in (2, 3)]
-    configs += [(f"unstructured {int(r * 100)}%", "unstructured", r) for r in (0.5, 0.8)]
+    configs = [(f"structured {t}x fewer MACs, {allocation}", "structured", 1 / t, allocation)
+               for t in (2, 3) for allocation in args.allocations]
+    configs += [(f"unstructured {int(r * 100)}%", "unstructured", r, None) for r in args.unstructured]
     report = {
         "command": "PYTHONPATH=. python benchmarks/accuracy.py " + shlex.join(sys.argv[1:]),
         "settings": {"widths": baseline_info["widths"], "epochs": args.epochs, "lr": args.lr, "amp": args.amp,
@@ -246,14 +284,19 @@ def main() -> None:
             "un-augmented training images; both fine-tunes start from the recalibrated model.",
             "Unstructured pruning zeroes weights but keeps dense tensors: its MACs are the baseline's.",
             "Fine-tuning keeps pruned (zero) weights at zero; structured rows remove channels physically.",
-            f"Structured rows: StructuredPrune(target_macs=1/2 or 1/3, round_to={ROUND_TO}), whose search picks the "
-            "channel ratio (the row's `ratio` in the JSON); unstructured rows: L1Unstructured at that ratio.",
+            f"Structured rows: StructuredPrune(target_macs=1/2 or 1/3, round_to={ROUND_TO}, allocation=...). uniform: "
+            "the search picks one channel ratio for every group (the row's `ratio` in the JSON); global: one ratio, "
+            "channels ranked across groups; sensitivity: per-group ratios (`layer_ratios`) chosen from curves "
+            "measured by optkit.analysis.sensitivity (each group pruned alone at 0.25/0.5/0.75, BN recalibrated, "
+            "mean KL from the baseline on 512 images of the validation split, never the test split); the cost of "
+            "that analysis is the row's `sensitivity` entry (the second target reads it from the cache). "
+            "Unstructured rows: L1Unstructured at that ratio.",
             *args.note,
         ],
     }
     # Results are rewritten after each configuration, so an interrupted run keeps what it measured.
-    for name, method, ratio in configs:
-        report["rows"].append(run_config(name, method, ratio, model, splits, args))
+    for name, method, ratio, allocation in configs:
+        report["rows"].append(run_config(name, method, ratio, allocation, model, splits, args))
         report["seconds"] = round(time.perf_counter() - started, 1)
         write_results(report, args.name)
     logging.info("wrote %s", ", ".join(f"{args.name}.{ext}" for ext in ("json", "md", "png")))

@@ -57,8 +57,9 @@ class EvalSet:
     num_classes: int
 
 
-def load_eval_set(settings: EvalSettings, model: nn.Module, input_shape: tuple[int, ...]) -> EvalSet:
-    """Read the scoring images and check that the model fits them (one forward pass).
+def load_eval_set(settings: EvalSettings, model: nn.Module, input_shape: tuple[int, ...], *,
+                  split: str = EVAL_SPLIT) -> EvalSet:
+    """Read the scoring images of ``split`` and check that the model fits them (one forward pass).
 
     Raises:
         DataError: for a missing dataset, or data whose classes or image shape the model does not take.
@@ -70,7 +71,7 @@ def load_eval_set(settings: EvalSettings, model: nn.Module, input_shape: tuple[i
 
     info = dataset_info(settings.data)
     check_fits(model, input_shape, info.num_classes, settings.data)
-    dataset = adapted(load_dataset(settings.data, EVAL_SPLIT, augment=False), input_shape)
+    dataset = adapted(load_dataset(settings.data, split, augment=False), input_shape)
     count = min(settings.samples, len(dataset))
     samples = [dataset[i] for i in range(count)]
     images = torch.stack([image for image, _ in samples])

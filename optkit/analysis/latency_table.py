@@ -106,7 +106,7 @@ def build_table(model: nn.Module, input_shape: tuple[int, ...], *, threads: int 
     cached: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     measurements = hits = 0
     layers: dict[str, LayerEntry] = {}
-    for name, spec in _layer_specs(model, input_shape, batch).items():
+    for name, spec in layer_specs(model, input_shape, batch).items():
         signature = json.dumps(spec, sort_keys=True)
         if signature in cached:
             hits += 1
@@ -159,8 +159,13 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _layer_specs(model: nn.Module, input_shape: tuple[int, ...], batch: int) -> dict[str, dict[str, Any]]:
-    """Each conv/linear layer's signature, found by a forward pass with hooks."""
+def layer_specs(model: nn.Module, input_shape: tuple[int, ...], batch: int = 1) -> dict[str, dict[str, Any]]:
+    """Each conv/linear layer's signature, found by a forward pass with hooks.
+
+    Returns:
+        layer name -> ``kind``, ``in``, ``out`` (channels), ``macs`` per sample, ``depthwise``, the
+        input ``shape`` (with ``batch``) and, for convs, kernel, stride, padding, dilation and groups.
+    """
     import torch
     from torch import nn
 

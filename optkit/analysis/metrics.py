@@ -128,3 +128,15 @@ def summarize_ms(samples: list[float]) -> dict[str, float]:
 def file_size(path: str | os.PathLike) -> int:
     """Size of a file in bytes."""
     return os.path.getsize(path)
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A hash of the model's architecture (its module tree as printed) and every parameter and buffer's bytes."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(model).encode())
+    for name, tensor in model.state_dict().items():
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)};".encode())
+        digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:24]

@@ -64,12 +64,14 @@ def _register_commands() -> None:
     from optkit.cli.finetune import finetune_command
     from optkit.cli.inspect import inspect_command
     from optkit.cli.optimize import optimize_command
+    from optkit.cli.sensitivity import sensitivity_command
 
     main.add_command(optimize_command)
     main.add_command(finetune_command)
     main.add_command(export_command)
     main.add_command(inspect_command)
     main.add_command(bench_command)
+    main.add_command(sensitivity_command)
 
 
 _register_commands()

@@ -313,6 +313,8 @@ def _typed(value: Any, parts: set[str]) -> Any:
             return value
     if isinstance(value, str) and any(p.startswith("tuple[str") for p in parts):
         return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, str) and any(p.startswith("tuple[float") for p in parts):
+        return tuple(_typed(v.strip(), {"float"}) for v in value.split(","))
     if isinstance(value, str) and any(p.startswith("tuple[int") for p in parts):
         return tuple(int(v) if v.strip().lstrip("-").isdigit() else v for v in value.replace("x", ",").split(","))
     return value

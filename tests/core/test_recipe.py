@@ -8,7 +8,7 @@ from optkit.core.recipe import dumps, parse
 
 def test_recipe_round_trips_every_setting():
     passes = [
-        StructuredPrune(ratio=0.25, round_to=4, importance="l2", global_=True, iterative_steps=2,
+        StructuredPrune(ratio=0.25, round_to=4, importance="l2", allocation="global", iterative_steps=2,
                         ignored_layers=("features.0",), layer_ratios={"layer1.*": 0.1}),
         L1Unstructured(ratio=0.5, global_=True),
     ]

@@ -241,12 +241,12 @@ def test_global_ranking_gives_uneven_widths():
 
     original = inner_widths(build("resnet18"))
     widths = {}
-    for global_ in (False, True):
+    for allocation in ("uniform", "global"):
         model = build("resnet18")
-        StructuredPrune(ratio=0.3, global_=global_, round_to=1, input_shape=SMALL).apply(model)
-        widths[global_] = [w / w0 for w, w0 in zip(inner_widths(model), original)]
-    assert max(widths[False]) - min(widths[False]) < 0.05  # per layer: the same fraction everywhere
-    assert max(widths[True]) - min(widths[True]) > 0.1  # global: some layers keep more than others
+        StructuredPrune(ratio=0.3, allocation=allocation, round_to=1, input_shape=SMALL).apply(model)
+        widths[allocation] = [w / w0 for w, w0 in zip(inner_widths(model), original)]
+    assert max(widths["uniform"]) - min(widths["uniform"]) < 0.05  # per layer: the same fraction everywhere
+    assert max(widths["global"]) - min(widths["global"]) > 0.1  # global: some layers keep more than others
 
 
 def test_iterative_steps_reach_the_same_ratio():
@@ -278,6 +278,7 @@ def test_unmatched_pattern_is_an_error():
 @pytest.mark.parametrize("settings, message", [
     ({"ratio": 1.0}, "ratio"),
     ({"importance": "l3"}, "importance"),
+    ({"allocation": "even"}, "allocation"),
     ({"round_to": 0}, "round_to"),
     ({"iterative_steps": 0}, "iterative_steps"),
     ({"target_macs": 0.0}, "target_macs"),
@@ -291,7 +292,7 @@ def test_invalid_settings_name_the_setting(settings, message):
 
 
 def test_settings_round_trip_through_a_recipe():
-    original = StructuredPrune(ratio=0.25, round_to=4, importance="taylor", global_=True, iterative_steps=2,
+    original = StructuredPrune(ratio=0.25, round_to=4, importance="taylor", allocation="global", iterative_steps=2,
                                ignored_layers=("layer1.*",), layer_ratios={"layer4.*": 0.5}, target_macs=0.5,
                                timeout_s=30.0, data="fashion-mnist", calibration_batches=2, batch_size=8,
                                calibration=[(torch.zeros(1), torch.zeros(1))])

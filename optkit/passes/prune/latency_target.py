@@ -21,10 +21,11 @@ import copy
 import dataclasses
 import os
 import tempfile
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
+from optkit.passes.prune.allocation import next_aim, shrink
+from optkit.passes.prune.groups import Group, layer_widths, prunable_groups, ratios_for
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,26 +35,6 @@ if TYPE_CHECKING:
 LATENCY_TOLERANCE = 0.05
 MAX_RETRIES = 2
 AUTO_ROUND_TO = (4, 8, 16, 32)
-#: A group keeps at least this fraction of its channels (and at least ``round_to``).
-MIN_KEEP = 0.05
-
-
-@dataclass
-class Group:
-    """One dependency group: its root's name (relative to the pruned module), width and what it shrinks.
-
-    Attributes:
-        pattern: the root's name for ``layer_ratios``.
-        channels: the root's output channels.
-        cumulative: importance lost when the ``k`` least important channels go (``cumulative[k]``).
-        outs, ins: table layer names whose outputs / inputs this group shrinks.
-    """
-
-    pattern: str
-    channels: int
-    cumulative: list[float]
-    outs: list[str]
-    ins: list[str]
 
 
 def search(settings: Pass, model: nn.Module) -> PassResult:
@@ -75,7 +56,7 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
     threads = settings.latency_threads or os.cpu_count() or 1
     target = settings.target_latency
     table = build_table(model, shape, threads=threads, batch=settings.latency_batch)
-    groups = _groups(settings, model)
+    groups = prunable_groups(settings, model)
     details: dict[str, Any] = {"target_latency": target, "lut": dict(table.cost)}
     if settings.round_to == "auto":
         scores = {r: _ms_per_mac(table, groups, _greedy(table, groups, target, r)) for r in AUTO_ROUND_TO}
@@ -93,10 +74,9 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
             kept = _greedy(table, groups, aim, round_to)
             predicted = _predicted_fraction(table, groups, kept)
             candidate = copy.deepcopy(model)
-            ratios = {g.pattern: (g.channels - kept[i]) / g.channels - 1e-9
-                      for i, g in enumerate(groups) if kept[i] < g.channels}
+            ratios = ratios_for(groups, kept)
             run = dataclasses.replace(settings, target_latency=None, ratio=0.0, layer_ratios=ratios or None,
-                                      round_to=round_to, global_=False)
+                                      round_to=round_to, allocation="uniform")
             prune_details = run.prune(candidate, 0.0)
             pruned = _export(candidate, folder, f"pruned{attempt}", timed_shape)
             measured = _measured_fraction(original, pruned, timed_shape, threads)
@@ -106,7 +86,7 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
                 best = (measured, predicted, candidate, prune_details)
             if abs(measured - target) <= LATENCY_TOLERANCE:
                 break
-            aim = _next_aim([(t["predicted_fraction"], t["measured_fraction"]) for t in tries], target)
+            aim = next_aim([(t["predicted_fraction"], t["measured_fraction"]) for t in tries], target)
     measured, predicted, pruned_model, prune_details = best
     details.update(prune_details)
     details.update({"predicted_fraction": round(predicted, 4), "measured_fraction": round(measured, 4),
@@ -119,119 +99,30 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
     return PassResult(pruned_model, details)
 
 
-def _next_aim(points: list[tuple[float, float]], target: float) -> float:
-    """The next predicted fraction to aim at, from the (predicted, measured) fractions of the tries so far.
-
-    Between the closest tries measured below and above the target, interpolate linearly; without
-    such a pair, scale the last prediction by target/measured.
-    """
-    below = max((p for p in points if p[1] < target), default=None, key=lambda p: p[1])
-    above = min((p for p in points if p[1] > target), default=None, key=lambda p: p[1])
-    if below and above and above[0] != below[0]:
-        return below[0] + (above[0] - below[0]) * (target - below[1]) / (above[1] - below[1])
-    predicted, measured = points[-1]
-    return min(1.0, predicted * target / measured) if measured > 0 else predicted
-
-
-def _groups(settings: Pass, model: nn.Module) -> list[Group]:
-    """The dependency groups StructuredPrune would prune, with their importance and the layers they shrink."""
-    import torch
-    import torch_pruning as tp
-
-    from optkit.passes.prune import engine
-
-    root, inputs, submodule = settings._root_and_inputs(model)
-    held, _ = engine.user_choices(root, settings.ignored_layers, None)
-    options = engine.Options(tp.importance.GroupMagnitudeImportance(p=1), 0.0, False, 1, 1)
-    plan = engine.build_plan(root, inputs, options, held, {}, submodule)
-    prefix = f"{submodule}." if submodule else ""
-    names = {m: n for n, m in root.named_modules()}
-    graph = plan.pruner.DG
-    groups = []
-    with torch.no_grad():
-        for group in graph.get_all_groups(ignored_layers=plan.pruner.ignored_layers,
-                                          root_module_types=plan.pruner.root_module_types):
-            scores = options.importance(group)
-            if scores is None:
-                continue
-            ordered = sorted(float(s) for s in scores)
-            cumulative = [0.0]
-            for s in ordered:
-                cumulative.append(cumulative[-1] + s)
-            outs, ins = [], []
-            for dep, _ in group:
-                name = names.get(dep.target.module)
-                if name is None or not isinstance(dep.target.module, tuple(engine.root_types())):
-                    continue
-                if graph.is_out_channel_pruning_fn(dep.handler):
-                    outs.append(prefix + name)
-                elif graph.is_in_channel_pruning_fn(dep.handler):
-                    ins.append(prefix + name)
-            groups.append(Group(names[group[0][0].target.module], len(ordered), cumulative, outs, ins))
-    return groups
-
-
-def _widths(table: LatencyTable, groups: list[Group], kept: list[int]) -> dict[str, tuple[int, int]]:
-    widths = {name: [e.in_channels, e.out_channels] for name, e in table.layers.items()}
-    for g, k in zip(groups, kept):
-        for name in g.outs:
-            if name in widths:
-                widths[name][1] = max(1, round(table.layers[name].out_channels * k / g.channels))
-        for name in g.ins:
-            if name in widths:
-                widths[name][0] = max(1, round(table.layers[name].in_channels * k / g.channels))
-    return {name: (w[0], w[1]) for name, w in widths.items()}
-
-
-def _layers_ms(table: LatencyTable, names: list[str], widths: dict[str, tuple[int, int]]) -> float:
-    from optkit.analysis.latency_table import layer_ms
-
-    return sum(layer_ms(table.layers[n], *widths[n]) for n in set(names) if n in table.layers)
+def _full(table: LatencyTable) -> dict[str, tuple[int, int]]:
+    return {name: (e.in_channels, e.out_channels) for name, e in table.layers.items()}
 
 
 def _greedy(table: LatencyTable, groups: list[Group], target: float, round_to: int) -> list[int]:
     """Kept channels per group once the predicted fraction is at most ``target`` (or nothing more can go)."""
-    from optkit.analysis.latency_table import predict
+    from optkit.analysis.latency_table import layer_ms, predict
 
-    kept = [g.channels for g in groups]
-    full = predict(table)
-    widths = _widths(table, groups, kept)
-    total = full
-    while total > target * full:
-        best = None
-        for i, g in enumerate(groups):
-            step = (-(-kept[i] // round_to) - 1) * round_to
-            if step < max(round_to, MIN_KEEP * g.channels):
-                continue
-            touched = g.outs + g.ins
-            after = _widths(table, [g], [step])
-            after = {n: (after[n][0] if n in g.ins else widths[n][0], after[n][1] if n in g.outs else widths[n][1])
-                     for n in touched if n in widths}
-            saved = _layers_ms(table, touched, widths) - _layers_ms(table, touched, {**widths, **after})
-            lost = g.cumulative[g.channels - step] - g.cumulative[g.channels - kept[i]]
-            score = lost / max(saved, 1e-9)
-            if best is None or score < best[0]:
-                best = (score, i, step, after, saved)
-        if best is None:
-            break
-        _, i, step, after, saved = best
-        kept[i] = step
-        widths.update(after)
-        total -= saved
-    return kept
+    return shrink(groups, _full(table), lambda name, cin, cout: layer_ms(table.layers[name], cin, cout),
+                  target * predict(table), round_to=round_to,
+                  loss=lambda i, kept: groups[i].cumulative[groups[i].channels - kept])
 
 
 def _predicted_fraction(table: LatencyTable, groups: list[Group], kept: list[int]) -> float:
     from optkit.analysis.latency_table import predict
 
-    return predict(table, _widths(table, groups, kept)) / predict(table)
+    return predict(table, layer_widths(_full(table), groups, kept)) / predict(table)
 
 
 def _ms_per_mac(table: LatencyTable, groups: list[Group], kept: list[int]) -> float:
     """Predicted milliseconds per remaining MAC of the conv/linear layers (lower is better)."""
     from optkit.analysis.latency_table import predict
 
-    widths = _widths(table, groups, kept)
+    widths = layer_widths(_full(table), groups, kept)
     macs = 0.0
     for name, e in table.layers.items():
         cin, cout = widths[name]

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random")
+ALLOCATIONS = ("uniform", "global", "sensitivity")
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_ROUND_TO = 16
 PRUNE_RATIO_HELP = "Fraction to prune, in [0, 1): channels (structured) or weights (unstructured)."
@@ -96,7 +97,11 @@ class StructuredPrune(Pass):
                                   flag="round-to", metavar="auto|N")
     importance: str = setting("l1", help="How channels are ranked: l1, l2, taylor (gradient x weight; needs data), "
                               "bn_scale, or random (a baseline).", choices=STRUCTURED_IMPORTANCE, flag="importance")
-    global_: bool = setting(False, help=GLOBAL_HELP, flag="global")
+    allocation: str = setting("uniform", help="How the reduction is spread over layers: uniform (every group "
+                              "loses the same fraction), global (channels ranked across all groups), or "
+                              "sensitivity (per-group ratios from measured accuracy curves, least predicted "
+                              "loss for target_macs; needs data; see optkit sensitivity).",
+                              choices=ALLOCATIONS, flag="allocation")
     iterative_steps: int = setting(1, help="Reach the ratio in this many equal steps (with a fine-tune on the "
                                    "command line, fine-tune after each).", low=1, flag="iterative-steps")
     ignored_layers: tuple[str, ...] = setting((), help="fnmatch patterns of module names whose output channels are "
@@ -128,7 +133,8 @@ class StructuredPrune(Pass):
     fallback_trials: int = setting(40, help="How many trial prunes the fallback search may make.", low=1)
     submodule: str | None = setting(None, help="Prune only this sub-module (e.g. backbone), keeping the widths of "
                                     "its outputs; detection and segmentation models default to their backbone.")
-    data: str | None = calib_data_setting()
+    data: str | None = calib_data_setting(help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for taylor "
+                                          "importance and sensitivity allocation.")
     calibration_batches: int = setting(4, help="How many batches taylor importance uses.", low=1)
     batch_size: int = setting(16, help="Batch size when reading data.", low=1)
     calibration: Any = setting(None, help="Python only: (inputs, targets) batches for taylor importance.",
@@ -142,15 +148,21 @@ class StructuredPrune(Pass):
             raise ValueError("give target_latency or target_macs/target_params, not both")
         if self.round_to == "auto" and self.target_latency is None:
             raise ValueError("round_to 'auto' is chosen by the latency table: it needs target_latency")
+        if self.allocation == "sensitivity" and (self.target_macs is None or self.data is None):
+            raise ValueError("allocation 'sensitivity' needs target_macs (the MACs fraction to reach) and data "
+                             "(a dataset spec whose val split scores each group)")
         if self.importance == "taylor" and self.data is None and self.calibration is None:
             raise ValueError("importance 'taylor' needs data: set data (a dataset spec) or calibration (batches)")
 
     def apply(self, model: nn.Module) -> PassResult:
         from optkit.passes.prune import latency_target as _latency_target
+        from optkit.passes.prune import sensitivity_target as _sensitivity_target
         from optkit.passes.prune import target as _prune_target
 
         if self.target_latency is not None:
             return _latency_target.search(self, model)
+        if self.allocation == "sensitivity":
+            return _sensitivity_target.search(self, model)
         if self.target_macs is None and self.target_params is None:
             return PassResult(model, self.prune(model, self.ratio))
         return _prune_target.search(self, model)
@@ -185,8 +197,8 @@ class StructuredPrune(Pass):
         names = {module: name for name, module in root.named_modules()}
         job = _fallback.Job(
             model=model, root_name=submodule or "", model_inputs=example_input(model, shape), root_inputs=inputs,
-            options=_engine.Options(_importance(self.importance), ratio, self.global_, self.iterative_steps,
-                                    self.round_to),
+            options=_engine.Options(_importance(self.importance), ratio, self.allocation == "global",
+                                    self.iterative_steps, self.round_to),
             held={names[m]: reason for m, reason in held.items()},
             overrides={names[m]: value for m, value in overrides.items()}, submodule=submodule,
             before_step=self._taylor_gradients() if self.importance == "taylor" else None,

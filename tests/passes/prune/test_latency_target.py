@@ -63,9 +63,9 @@ def test_invalid_combinations_raise(changes):
 
 
 def test_next_aim_scales_then_interpolates():
-    from optkit.passes.prune.latency_target import _next_aim
+    from optkit.passes.prune.allocation import next_aim
 
     # One try measured 0.4 at predicted 0.5: scale the prediction by 0.5 / 0.4.
-    assert _next_aim([(0.5, 0.4)], 0.5) == pytest.approx(0.625)
+    assert next_aim([(0.5, 0.4)], 0.5) == pytest.approx(0.625)
     # Tries on both sides: interpolate between them, not scale the last one (which would give 0.5).
-    assert _next_aim([(0.5, 0.32), (0.77, 0.74)], 0.5) == pytest.approx(0.5 + 0.27 * 0.18 / 0.42)
+    assert next_aim([(0.5, 0.32), (0.77, 0.74)], 0.5) == pytest.approx(0.5 + 0.27 * 0.18 / 0.42)

@@ -1,0 +1,149 @@
+"""Sensitivity allocation: reach a MACs target with the least loss predicted by per-group curves.
+
+:func:`optkit.analysis.sensitivity.analyze` measures (or reads from its cache)
+what pruning each group alone costs. Starting from the full model, channels
+go ``round_to`` at a time from the group whose next step adds the least
+predicted loss per MAC saved (losses interpolated linearly between measured
+ratios, never beyond the largest one measured; MACs from each conv/linear
+layer's widths), until the predicted MACs reach the target. The resulting
+per-group ratios are pruned by the ordinary
+:class:`~optkit.passes.prune.passes.StructuredPrune` machinery; the achieved
+MACs fraction corrects the aim (at most
+:data:`~optkit.passes.prune.allocation.MAX_CORRECTIONS` times) until it is
+within ``target_tolerance``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
+from optkit.passes.prune.allocation import MAX_CORRECTIONS, next_aim, shrink
+from optkit.passes.prune.groups import ratios_for
+from optkit.passes.prune.target import REPORT_TOLERANCE
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from optkit.analysis.sensitivity import Curve, Sensitivity
+
+
+def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = None) -> PassResult:
+    """Prune a copy of ``model`` to ``settings.target_macs`` with per-group ratios chosen by sensitivity.
+
+    ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass; ``sensitivity`` an
+    analysis already made for it (default: :func:`~optkit.analysis.sensitivity.analyze` with default
+    :class:`~optkit.analysis.sensitivity.SensitivitySettings` on ``settings.data``).
+
+    Returns:
+        the pruned copy, with details: ``allocation``, ``target_fraction``, ``achieved_fraction``,
+        ``predicted_loss`` (summed over groups, in the analysis's metric), ``layer_ratios``, ``tries``,
+        ``sensitivity`` (its cost and unmeasured groups) and the chosen prune's details.
+    """
+    from optkit.analysis.latency_table import layer_specs
+    from optkit.analysis.sensitivity import SensitivitySettings, analyze
+
+    shape = tuple(settings.input_shape or DEFAULT_INPUT_SHAPE)
+    run = dataclasses.replace(settings, input_shape=shape, ratio=0.0, target_macs=None, allocation="uniform",
+                              layer_ratios=None, iterative_steps=1)
+    if sensitivity is None:
+        sensitivity = analyze(model, SensitivitySettings(data=settings.data), run)
+    target = settings.target_macs
+    specs = layer_specs(model, shape)
+    tries: list[dict[str, float]] = []
+    best = None
+    round_to = settings.round_to
+    while True:
+        best = _corrected(model, run, sensitivity, specs, target, round_to, tries, best)
+        if abs(best[0] - target) <= settings.target_tolerance or round_to == 1:
+            break
+        round_to = max(1, round_to // 2)
+    achieved, pruned, details, ratios, predicted_loss, round_to = best
+    details.update({"allocation": "sensitivity", "target": "macs", "target_fraction": target,
+                    "achieved_fraction": round(achieved, 4), "predicted_loss": round(predicted_loss, 6),
+                    "metric": sensitivity.metric, "layer_ratios": ratios, "round_to": round_to,
+                    "tries": tries, "sensitivity": {**sensitivity.cost, "unmeasured": sensitivity.unmeasured}})
+    notes = details.setdefault("notes", [])
+    if round_to != settings.round_to:
+        notes.append(f"structured_prune: round_to {settings.round_to} could not reach macs {target:g} within "
+                     f"{settings.target_tolerance:g}; channel counts are multiples of {round_to} instead")
+    if sensitivity.unmeasured:
+        notes.append(f"structured_prune: sensitivity measured {len(sensitivity.curves) - len(sensitivity.unmeasured)}"
+                     f" of {len(sensitivity.curves)} groups within its time budget; the rest are not pruned")
+    if abs(achieved - target) > REPORT_TOLERANCE:
+        notes.append(f"structured_prune: asked macs {target:g} of the original, achieved {achieved:.3f} "
+                     f"(closest of {len(tries)} tries; the measured ratios may not reach that far)")
+    return PassResult(pruned, details)
+
+
+def _corrected(model: nn.Module, run: Pass, sensitivity: Sensitivity, specs: dict[str, dict[str, Any]],
+               target: float, round_to: int, tries: list[dict[str, float]], best: tuple | None) -> tuple:
+    """Allocate at ``round_to``, prune a copy, correct the aim by the achieved MACs; the closest try so far."""
+    from optkit.analysis.metrics import count_macs
+
+    aim = target
+    for _ in range(MAX_CORRECTIONS + 1):
+        kept, predicted_loss = allocate(sensitivity, specs, aim, round_to, slack=run.target_tolerance)
+        ratios = ratios_for(sensitivity.groups, kept)
+        candidate = copy.deepcopy(model)
+        details = dataclasses.replace(run, layer_ratios=ratios or None, round_to=round_to).prune(candidate, 0.0)
+        achieved = count_macs(candidate, run.input_shape) / sensitivity.macs
+        tries.append({"aim": round(aim, 4), "round_to": round_to, "achieved_fraction": round(achieved, 4)})
+        if best is None or abs(achieved - target) < abs(best[0] - target):
+            best = (achieved, candidate, details, ratios, predicted_loss, round_to)
+        if abs(achieved - target) <= run.target_tolerance:
+            break
+        aim = next_aim([(t["aim"], t["achieved_fraction"]) for t in tries if t["round_to"] == round_to], target)
+    return best
+
+
+def allocate(sensitivity: Sensitivity, specs: dict[str, dict[str, Any]], target: float,
+             round_to: int, slack: float = 0.0) -> tuple[list[int], float]:
+    """Kept channels per group (in ``sensitivity.groups`` order) predicted to reach MACs ``target``.
+
+    Args:
+        sensitivity: the curves and the groups.
+        specs: :func:`~optkit.analysis.latency_table.layer_specs` of the model (conv/linear MACs and widths).
+        target: the MACs fraction to reach.
+        round_to: channels go this many at a time.
+        slack: how far below ``target`` (a MACs fraction) the prediction may land (see
+            :func:`~optkit.passes.prune.allocation.shrink`).
+
+    Returns:
+        the kept counts and their summed predicted loss.
+    """
+    full = {name: (spec["in"], spec["out"]) for name, spec in specs.items()}
+    layer_macs = sum(spec["macs"] for spec in specs.values())
+    other = sensitivity.macs - layer_macs
+
+    def cost(name: str, cin: int, cout: int) -> float:
+        spec = specs[name]
+        return spec["macs"] * cout / spec["out"] * (1.0 if spec["depthwise"] else cin / spec["in"])
+
+    curves = sensitivity.curves
+    loss = [_loss_curve(sensitivity, c) for c in curves]
+    max_removed = [max((1 - p.kept / c.channels for p in c.points), default=0.0) for c in curves]
+    kept = shrink(sensitivity.groups, full, cost, target * sensitivity.macs - other, round_to=round_to,
+                  loss=lambda i, k: loss[i](1 - k / curves[i].channels), max_removed=max_removed,
+                  slack=slack * sensitivity.macs)
+    return kept, sum(loss[i](1 - k / curves[i].channels) for i, k in enumerate(kept))
+
+
+def _loss_curve(sensitivity: Sensitivity, curve: Curve):
+    """Loss as a function of the fraction removed: piecewise linear through (0, 0) and the points, non-decreasing."""
+    xs, ys = [0.0], [0.0]
+    for point in sorted(curve.points, key=lambda p: p.kept, reverse=True):
+        removed = 1 - point.kept / curve.channels
+        if removed > xs[-1]:
+            xs.append(removed)
+            ys.append(max(ys[-1], sensitivity.loss(point)))
+
+    def at(removed: float) -> float:
+        for i in range(1, len(xs)):
+            if removed <= xs[i]:
+                return ys[i - 1] + (ys[i] - ys[i - 1]) * (removed - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ys[-1]
+
+    return at

@@ -1,0 +1,169 @@
+"""Sensitivity analysis (per-group curves, cache, time budget) and sensitivity allocation to a MACs target."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from optkit.analysis.metrics import count_macs
+from optkit.analysis.sensitivity import Curve, Point, Sensitivity, SensitivitySettings, analyze
+from optkit.passes.prune.groups import Group
+from optkit.passes.prune.passes import StructuredPrune
+from optkit.passes.prune.sensitivity_target import allocate
+
+DATA = "synthetic:96:3x16x16:4"
+SHAPE = (1, 3, 16, 16)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU()]
+    for _ in range(2):
+        layers += [nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU()]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4)]
+    return nn.Sequential(*layers).eval()
+
+
+def _settings(**changes) -> SensitivitySettings:
+    return SensitivitySettings(**{"data": DATA, "samples": 48, "calibration_samples": 32, "ratios": (0.25, 0.5),
+                                  **changes})
+
+
+def _prune(**changes) -> StructuredPrune:
+    return StructuredPrune(**{"ratio": 0.0, "round_to": 8, "input_shape": SHAPE, **changes})
+
+
+def test_each_group_gets_a_curve_that_matches_an_independent_measurement():
+    model = _model()
+    before = copy.deepcopy(model.state_dict())
+    result = analyze(model, _settings(calibration_samples=0), _prune())
+    assert [c.pattern for c in result.curves] and not result.unmeasured
+    assert sorted(c.pattern for c in result.curves) == ["0", "3", "6"]  # the three conv outputs (not the classifier)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    curve = next(c for c in result.curves if c.pattern == "3")
+    point = next(p for p in curve.points if p.ratio == 0.5)
+    assert point.kept == 16
+    # Independently: prune that one group by hand, score KL and agreement on the same images.
+    from optkit.data import load_dataset
+    from optkit.data.adapt import adapted
+
+    val = adapted(load_dataset(DATA, "val", augment=False), SHAPE)
+    images = torch.stack([val[i][0] for i in range(min(48, len(val)))])
+    pruned = copy.deepcopy(model)
+    StructuredPrune(ratio=0.0, layer_ratios={"3": 0.5}, round_to=8, input_shape=SHAPE)(pruned)
+    assert pruned[3].out_channels == 16
+    with torch.no_grad():
+        reference, logits = model(images), pruned.eval()(images)
+    kl = F.kl_div(F.log_softmax(logits, 1), F.log_softmax(reference, 1), reduction="batchmean", log_target=True)
+    assert point.mean_kl == pytest.approx(float(kl), rel=1e-4, abs=1e-7)
+    assert point.agreement == pytest.approx(float((logits.argmax(1) == reference.argmax(1)).float().mean()))
+    assert point.macs_fraction == pytest.approx(count_macs(pruned, SHAPE) / count_macs(model, SHAPE), abs=1e-6)
+
+
+def test_a_rerun_reads_every_point_from_the_cache():
+    model = _model()
+    first = analyze(model, _settings(), _prune())
+    second = analyze(model, _settings(), _prune())
+    assert first.cost["measured"] == 6 and first.cost["cached"] == 0
+    assert second.cost["measured"] == 0 and second.cost["cached"] == 6
+    assert second.to_dict()["curves"] == first.to_dict()["curves"]
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed[0].weight.mul_(2)
+    assert analyze(changed, _settings(), _prune()).cost["measured"] == 6  # other weights, other cache entry
+
+
+def test_time_budget_leaves_groups_unmeasured_and_allocation_keeps_them_whole():
+    from optkit.passes.prune.sensitivity_target import search
+
+    model = _model()
+    analyze(model, _settings(ratios=(0.5,)), _prune())  # caches one point per group
+    result = analyze(model, _settings(ratios=(0.5, 0.75), time_budget_s=1e-9), _prune())
+    # The cached points are read; the first point to measure finds the budget spent.
+    assert result.cost == {**result.cost, "measured": 0, "cached": 1}
+    assert len(result.unmeasured) == 2 and result.curves[0].pattern not in result.unmeasured
+    searched = StructuredPrune(target_macs=0.9, allocation="sensitivity", data=DATA, round_to=8, input_shape=SHAPE)
+    details = search(searched, model, result).details
+    assert set(details["layer_ratios"]) <= {result.curves[0].pattern}
+    assert any("time budget" in note for note in details["notes"])
+
+
+def _synthetic_sensitivity(cheap: list[float], costly: list[float]) -> tuple[Sensitivity, dict]:
+    # Two independent branches: layer a (group A) feeds c, layer b (group B) feeds d.
+    specs = {"a": {"in": 3, "out": 32, "macs": 3200, "depthwise": False},
+             "b": {"in": 3, "out": 32, "macs": 3200, "depthwise": False},
+             "c": {"in": 32, "out": 10, "macs": 320, "depthwise": False},
+             "d": {"in": 32, "out": 10, "macs": 320, "depthwise": False}}
+    groups = [Group("a", 32, [], ["a"], ["c"]), Group("b", 32, [], ["b"], ["d"])]
+    curves = [Curve("a", 32, 0.5, [Point(r, k, 1.0, 0.9, 1.0, loss) for r, k, loss in zip((0.25, 0.5, 0.75),
+                                                                                         (24, 16, 8), cheap)]),
+              Curve("b", 32, 0.5, [Point(r, k, 1.0, 0.9, 1.0, loss) for r, k, loss in zip((0.25, 0.5, 0.75),
+                                                                                         (24, 16, 8), costly)])]
+    sensitivity = Sensitivity(curves, groups, {"accuracy": 0.9}, 7040, "kl", {}, [], {})
+    return sensitivity, specs
+
+
+def test_allocation_spends_the_target_on_the_cheap_group_first():
+    sensitivity, specs = _synthetic_sensitivity([0.01, 0.02, 0.03], [1.0, 2.0, 3.0])
+    # Group a at its largest measured ratio (8 kept) saves 2400 + 240 MACs: 4400 / 7040 = 0.625 > 0.6,
+    # so b gives one step of 8 channels (800 + 80): 3520 / 7040 = 0.5.
+    kept, loss = allocate(sensitivity, specs, 0.6, round_to=8)
+    assert kept == [8, 24]
+    assert loss == pytest.approx(0.03 + 1.0)
+    kept, _ = allocate(sensitivity, specs, 0.8, round_to=8)
+    assert kept[1] == 32 and kept[0] < 32
+
+
+def test_allocation_never_goes_beyond_the_largest_measured_ratio():
+    sensitivity, specs = _synthetic_sensitivity([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    kept, _ = allocate(sensitivity, specs, 0.01, round_to=8)
+    assert kept == [8, 8]
+
+
+def test_sensitivity_allocation_reaches_the_macs_target_and_its_ratios_reproduce_it():
+    model = _model()
+    before = copy.deepcopy(model.state_dict())
+    settings = StructuredPrune(target_macs=0.5, allocation="sensitivity", data=DATA, round_to=8, input_shape=SHAPE)
+    result = settings.apply(model)
+    d = result.details
+    assert abs(d["achieved_fraction"] - 0.5) <= 0.02
+    assert count_macs(result.model, SHAPE) / count_macs(model, SHAPE) == pytest.approx(d["achieved_fraction"], abs=1e-4)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    again = StructuredPrune(ratio=0.0, layer_ratios=d["layer_ratios"], round_to=d["round_to"],
+                            input_shape=SHAPE)(copy.deepcopy(model))
+    assert count_macs(again, SHAPE) == count_macs(result.model, SHAPE)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"target_macs": 0.5}, "needs target_macs"),
+    ({"data": DATA}, "needs target_macs"),
+])
+def test_sensitivity_allocation_needs_a_macs_target_and_data(changes, message):
+    with pytest.raises(ValueError, match=message):
+        StructuredPrune(allocation="sensitivity", **changes)
+
+
+def test_ratios_must_be_distinct_fractions():
+    with pytest.raises(ValueError, match="ratios"):
+        SensitivitySettings(data=DATA, ratios=(0.5, 0.5))
+    with pytest.raises(ValueError, match="ratios"):
+        SensitivitySettings(data=DATA, ratios=(0.5, 1.0))
+
+
+def test_accuracy_metric_is_the_drop_with_a_kl_tie_break():
+    sensitivity, _ = _synthetic_sensitivity([0.0] * 3, [0.0] * 3)
+    sensitivity.metric = "accuracy"
+    point = Point(0.5, 16, 0.7, 0.85, 0.9, 0.2)
+    assert sensitivity.loss(point) == pytest.approx(0.05 + 1e-3 * 0.2)
+    assert sensitivity.loss(Point(0.5, 16, 0.7, 0.95, 0.9, 0.0)) == 0.0
+
+
+def test_to_dict_is_json_ready():
+    result = analyze(_model(), _settings(), _prune())
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["cost"]["measured"] == 6 and len(data["curves"]) == 3
