@@ -14,6 +14,7 @@ Writes benchmarks/results/prune_targets.json and prune_targets.md.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ def _model(name: str):
 
 
 def main() -> None:
+    import torch
+
     from optkit.analysis.metrics import count_macs
     from optkit.io.files import write_text
     from optkit.passes.prune.passes import DEFAULT_ROUND_TO, StructuredPrune
@@ -54,18 +57,20 @@ def main() -> None:
                      "seconds": round(seconds, 1)})
         print(rows[-1], flush=True)
     command = "python " + " ".join(["benchmarks/prune_targets.py", *sys.argv[1:]])
+    machine = {"torch_threads": torch.get_num_threads(), "load_average": [round(v, 2) for v in os.getloadavg()]}
     lines = ["# Structured pruning to a MACs target", "", f"Command: `{command}`", "",
              f"`StructuredPrune(target_macs={TARGET})` with default settings (L1 importance, round_to "
              f"{DEFAULT_ROUND_TO}, tolerance 0.01). Each try prunes a fresh copy; when round_to steps over the "
              "target, the search is repeated with round_to halved and says so in the report. Random-init weights "
-             "except the Fashion-MNIST baseline.", "",
+             f"except the Fashion-MNIST baseline. {machine['torch_threads']} torch thread(s), load average at the end "
+             f"{machine['load_average']} (the seconds are this run's, not a timing benchmark).", "",
              f"| model | input | achieved MACs fraction | within ±{TOLERANCE} | ratio | round_to used | tries | seconds |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {'×'.join(map(str, r['input_shape'][1:]))} | {r['achieved_macs_fraction']:.4f} | "
               f"{'yes' if r['within_tolerance'] else 'no'} | {r['ratio']} | {r['round_to']} | {len(r['tries'])} | "
               f"{r['seconds']} |" for r in rows]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / "prune_targets.json", json.dumps({"command": command, "models": rows}, indent=1) + "\n")
+    write_text(RESULTS / "prune_targets.json", json.dumps({"command": command, "machine": machine, "models": rows}, indent=1) + "\n")
     write_text(RESULTS / "prune_targets.md", "\n".join(lines) + "\n")
 
 
