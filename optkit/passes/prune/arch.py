@@ -11,6 +11,16 @@ torchvision families need help, collected here so the pass itself stays generic:
   q, k and v linears of equal shape. torch-pruning is given their head counts
   so every head loses the same dims, and the per-head and inner widths the
   module stores (``head_dim``-like int attributes) are written back after;
+* attention whose heads are ``C // num_heads`` wide (``C`` its input width),
+  or whose q/k/v layout torch-pruning cannot be told: found by structure and
+  by trying it on a copy, and pruned as a unit (residual channels and every
+  head's dims together) by :mod:`optkit.passes.prune.attention`;
+* channels-last patch merging (neighbours stacked into channels, one linear):
+  found the same way and pruned as a unit by :mod:`optkit.passes.prune.merging`;
+* int attributes holding a child layer's width (``self.in_dim`` used in a
+  reshape): written back after pruning (:mod:`optkit.passes.prune.widths`);
+* concatenations whose input widths torch-pruning infers wrongly or not at
+  all: read from the traced graph (:mod:`optkit.passes.prune.tp_fixes`);
 * bare ``nn.Parameter``s used in forward (layer scale, position embeddings,
   class tokens): given to torch-pruning as unwrapped parameters, each with
   the dim that matches a layer width as its channel dim;
@@ -28,10 +38,16 @@ torchvision families need help, collected here so the pass itself stays generic:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optkit.passes.prune import attention as _prune_attention
+from optkit.passes.prune import merging as _prune_merging
 from optkit.passes.prune import opaque as _prune_opaque
+from optkit.passes.prune import tp_fixes as _tp_fixes
+from optkit.passes.prune import widths as _prune_widths
+from optkit.passes.prune.attention import HEAD_COUNT_ATTRIBUTES
 
 if TYPE_CHECKING:
     from torch import nn
@@ -62,10 +78,13 @@ class ArchSupport:
     subgraphs: list[str] = field(default_factory=list)
     num_heads: dict[Any, int] = field(default_factory=dict)
     attention: list[_Attention] = field(default_factory=list)
+    widths: list[_prune_widths.WidthAttribute] = field(default_factory=list)
 
-    def tracing(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
         """Context in which torch-pruning may trace the model."""
-        return _prune_opaque.opaque(self.opaque)
+        with _prune_opaque.opaque(self.opaque), _tp_fixes.concat_sizes_from_autograd():
+            yield
 
     def finish(self, model: nn.Module) -> None:
         """Write back attributes that must follow the new widths (ViT's ``hidden_dim``)."""
@@ -76,9 +95,8 @@ class ArchSupport:
                 module.hidden_dim = module.conv_proj.out_channels
         for block in self.attention:
             block.write_back()
-
-
-HEAD_COUNT_ATTRIBUTES = ("num_heads", "n_heads", "heads")
+        for attribute in self.widths:
+            attribute.write_back()
 
 
 @dataclass
@@ -131,8 +149,14 @@ def find_attention(model: nn.Module) -> list[_Attention]:
     return found
 
 
-def arch_support(model: nn.Module) -> ArchSupport:
-    """Collect what torch-pruning needs to know about ``model``'s architecture."""
+def arch_support(model: nn.Module, inputs: Any = None) -> ArchSupport:
+    """Collect what torch-pruning needs to know about ``model``'s architecture.
+
+    Args:
+        model: the module to be pruned.
+        inputs: its example inputs; without them, attention whose head width
+            follows its input width (:mod:`optkit.passes.prune.attention`) is not looked for.
+    """
     from torch import nn
     from torchvision.models.shufflenetv2 import InvertedResidual
     from torchvision.models.vision_transformer import VisionTransformer
@@ -140,13 +164,30 @@ def arch_support(model: nn.Module) -> ArchSupport:
     support = ArchSupport()
     blocks = _prune_opaque.opaque_blocks(model)
     inside_blocks = {sub for block in blocks for sub in block.modules()}
-    support.attention = [a for a in find_attention(model) if a.module not in inside_blocks]
+    attention = [a for a in find_attention(model) if a.module not in inside_blocks]
+    tied = (_prune_attention.find_tied_attention(model, inputs, inside_blocks, {a.module for a in attention})
+            if inputs is not None else [])
+    inside_blocks |= {sub for unit in tied for sub in unit.module.modules()}
+    merging = _prune_merging.find_merging(model, inputs, inside_blocks) if inputs is not None else []
+    inside_blocks |= {sub for unit in merging for sub in unit.module.modules()}
+    support.attention = [a for a in attention if a.module not in inside_blocks]
+    support.widths = _prune_widths.width_attributes(model, inside_blocks | {a.module for a in support.attention})
     support.num_heads = {proj: block.heads for block in support.attention for proj in block.projections}
-    support.unwrapped_parameters = unwrapped_parameters(model)
+    untraced = {id(p) for m in inside_blocks for p in m.parameters(recurse=False)}  # opaque blocks hide them
+    support.unwrapped_parameters = [(p, d) for p, d in unwrapped_parameters(model) if id(p) not in untraced]
     if blocks:
         support.opaque = blocks
         pruners = _prune_opaque.pruners()
         support.customized_pruners = {t: pruners[t] for t in {type(b) for b in blocks}}
+    if tied:
+        support.opaque = support.opaque + [unit.module for unit in tied]
+        tied_pruner = _prune_attention.pruner(tied)
+        support.customized_pruners.update({type(unit.module): tied_pruner for unit in tied})
+        support.channel_groups.update({unit.module: unit.heads for unit in tied})
+    if merging:
+        support.opaque = support.opaque + [unit.module for unit in merging]
+        merging_pruner = _prune_merging.pruner(merging)
+        support.customized_pruners.update({type(unit.module): merging_pruner for unit in merging})
     for name, module in model.named_modules():
         if isinstance(module, VisionTransformer):
             explicit = {id(module.class_token): 2, id(module.encoder.pos_embedding): 2}

@@ -98,7 +98,7 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
     """
     from torch import nn
 
-    support = arch_support(root)
+    support = arch_support(root, inputs)
     held = _own_held(root, held, support)
     overrides = {m: value for m, value in overrides.items() if m in set(root.modules())}
     outputs: list = []
@@ -145,7 +145,7 @@ def trace_graph(root: nn.Module, inputs: Any, held: dict[Any, str],
     """
     import torch_pruning as tp
 
-    support = arch_support(root)
+    support = arch_support(root, inputs)
     held = _own_held(root, held, support)
     outputs: list = []
     was_training = root.training

@@ -329,7 +329,8 @@ def screen(job: Job, held: dict[str, str]) -> tuple[list[_Unit], str | None]:
             held[names[module]] = failed_roots[root_shape]
             continue
         try:
-            with _limits.time_limit(job.group_limit_s):
+            # The same limit and tolerant index mapping as a trial prune, so a group is held for what a trial would hit.
+            with group_time_limit(job.group_limit_s):
                 group = graph.get_pruning_group(module, pruner.prune_out_channels,
                                                 list(range(pruner.get_out_channels(module))))
         except Exception as e:  # noqa: BLE001

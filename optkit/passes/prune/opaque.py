@@ -67,9 +67,9 @@ def opaque(blocks: Sequence[nn.Module]) -> Iterator[None]:
     import torch
 
     def hidden(forward):
-        def run(x):
+        def run(x, *args, **kwargs):
             with torch.no_grad():
-                y = forward(x)
+                y = forward(x, *args, **kwargs)
             return y + 0 * x.sum()
         return run
 
@@ -118,8 +118,8 @@ def _attention_pruner_class():
             inner = (kept + torch.arange(heads, device=kept.device)[:, None] * head_dim).flatten()
             qkv_rows = torch.cat([inner + part * width for part in range(3)])
 
-            _select(qkv, qkv_rows, keep_residual)
-            _select(proj, keep_residual, inner)
+            select_linear(qkv, qkv_rows, keep_residual)
+            select_linear(proj, keep_residual, inner)
             if layout.head_dim is not None:
                 setattr(layer, layout.head_dim, new_head_dim)
             return layer
@@ -152,9 +152,9 @@ def _merging_pruner_class():
             dropped = set(int(i) for i in idxs)
             keep = [k * width + i for k in range(4) for i in range(width) if i not in dropped]
             cols = torch.tensor(keep, device=layer.reduction.weight.device)
-            _select(layer.reduction, torch.arange(layer.reduction.out_features, device=cols.device), cols)
+            select_linear(layer.reduction, torch.arange(layer.reduction.out_features, device=cols.device), cols)
             if layer.norm.normalized_shape[0] == 4 * width:
-                _select_norm(layer.norm, cols)
+                select_norm(layer.norm, cols)
             layer.dim = width - len(dropped)
             return layer
 
@@ -164,9 +164,9 @@ def _merging_pruner_class():
             out = layer.reduction.out_features
             dropped = set(int(i) for i in idxs)
             rows = torch.tensor([i for i in range(out) if i not in dropped], device=layer.reduction.weight.device)
-            _select(layer.reduction, rows, torch.arange(layer.reduction.in_features, device=rows.device))
+            select_linear(layer.reduction, rows, torch.arange(layer.reduction.in_features, device=rows.device))
             if layer.norm.normalized_shape[0] == out:
-                _select_norm(layer.norm, rows)
+                select_norm(layer.norm, rows)
             return layer
 
         def get_in_channels(self, layer: nn.Module) -> int:
@@ -213,7 +213,8 @@ def shuffle_block_pruner():
     return ShuffleBlockPruner()
 
 
-def _select_norm(norm: nn.LayerNorm, keep) -> None:
+def select_norm(norm: nn.LayerNorm, keep) -> None:
+    """Keep the entries ``keep`` of a layer norm's weight and bias."""
     from torch import nn
 
     norm.weight = nn.Parameter(norm.weight.detach()[keep].clone(), requires_grad=norm.weight.requires_grad)
@@ -222,7 +223,8 @@ def _select_norm(norm: nn.LayerNorm, keep) -> None:
     norm.normalized_shape = (len(keep),)
 
 
-def _select(linear: nn.Linear, rows, cols) -> None:
+def select_linear(linear: nn.Linear, rows, cols) -> None:
+    """Keep output rows ``rows`` and input columns ``cols`` of a linear layer."""
     from torch import nn
 
     weight = linear.weight.detach()[rows][:, cols].clone()

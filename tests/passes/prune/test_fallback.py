@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -179,3 +180,53 @@ def test_check_runs_reports_a_changed_output_shape():
     x = torch.randn(1, 4)
     assert _fallback.check_runs(model, x, [(1, 3)]) is None
     assert "output shapes changed" in _fallback.check_runs(model, x, [(1, 2)])
+
+
+class PartialConv(nn.Module):
+    """A conv on the first part of a channel split, concatenated back with the untouched rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.partial = nn.Conv2d(8, 8, 3, padding=1)
+        self.mix = nn.Conv2d(32, 32, 1)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x1, x2 = torch.split(x, [8, 24], dim=1)
+        x = self.mix(torch.cat((self.partial(x1), x2), 1))
+        return self.head(x.mean((2, 3)))
+
+
+def test_concat_widths_are_read_from_the_traced_graph():
+    from optkit.passes.prune import tp_fixes as _tp_fixes
+
+    def concat_sizes(context):
+        model = PartialConv().eval()
+        with context:
+            graph = tp.DependencyGraph().build_dependency(model, example_inputs=torch.randn(*SHAPE))
+        return [node.module.concat_sizes for node in graph.module2node.values() if node.type == tp.ops.OPTYPE.CONCAT]
+
+    assert concat_sizes(_tp_fixes.concat_sizes_from_autograd()) == [[8, 24]]
+    # torch-pruning on its own walks from the split's second part back to its first (and then fails to prune).
+    assert concat_sizes(contextlib.nullcontext()) == [[8, 8]]
+
+
+def test_an_int_attribute_holding_a_child_width_follows_it():
+    class PixelEmbed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_dim = 32
+            self.proj = nn.Conv2d(3, self.in_dim, 3, padding=1)
+
+        def forward(self, x):
+            return self.proj(x).reshape(x.shape[0], self.in_dim, -1).transpose(1, 2)
+
+    model = nn.Sequential(PixelEmbed(), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10))
+    [attribute] = _arch.arch_support(model, torch.randn(*SHAPE)).widths
+    assert (attribute.module, attribute.name, attribute.layer) == (model[0], "in_dim", model[0].proj)
+    details = StructuredPrune(input_shape=SHAPE).apply(model).details
+    assert "held_layers" not in details
+    assert model[0].proj.out_channels == model[0].in_dim == 16 and model[1].in_features == 16
+    assert model(torch.randn(2, *SHAPE[1:])).shape == (2, 256, 10)

@@ -47,3 +47,26 @@ def test_timm_model_prunes_and_runs(name):
         assert held and details["shortfall"].startswith(("asked 0.3", "nothing pruned"))
     if held:
         assert f"{len(held)} layer" in details["shortfall"] or "nothing pruned" in details["shortfall"]
+
+
+# Small configs of development-set models whose attention or patch merging used to be held at full width.
+TINY = {
+    "xcit_nano_12_p16_224": (dict(depth=2, img_size=64), 64),  # XCA / class attention: heads of C // num_heads
+    "twins_svt_small": (dict(depths=(1, 1, 1, 1), img_size=64), 64),  # and a strided conv + norm on keys, values
+    "swin_tiny_patch4_window7_224": (dict(depths=(1, 1, 1, 1), img_size=112), 112),  # channels-last patch merging
+}
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_small_timm_attention_is_pruned_not_held(name):
+    torch.manual_seed(0)
+    kwargs, size = TINY[name]
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    shape = (1, 3, size, size)
+    macs_before = count_macs(model, shape)
+    details = StructuredPrune(ratio=0.3, input_shape=shape).apply(model).details
+    assert details.get("held_layers", {}) == {}
+    assert count_macs(model, shape) / macs_before <= 0.6
+    out = model.train()(torch.randn(2, *shape[1:]))
+    assert out.shape == (2, model.num_classes)
+    out.float().mean().backward()
