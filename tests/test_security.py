@@ -35,6 +35,8 @@ COMMAND_ARGS = {
     "bench": lambda path, out: ["bench", str(path), "--input-shape", "1,3,32,32", "--warmup", "0", "--repeats", "1"],
     "bench --compare": lambda path, out: ["bench", "--compare", "torchvision:resnet18", str(path),
                                           "--input-shape", "1,3,32,32", "--warmup", "0", "--repeats", "1"],
+    "sensitivity": lambda path, out: ["sensitivity", str(path), "--data", "synthetic:8", "--input-shape", "1,3,32,32",
+                                      "--out", str(out)],
     "finetune": lambda path, out: ["finetune", str(path), "--data", "synthetic:8", "--epochs", "1",
                                    "--input-shape", "1,3,32,32", "--out", str(out)],
     "finetune --teacher": lambda path, out: ["finetune", "torchvision:resnet18", "--data", "synthetic:8", "--epochs", "1",

@@ -5,8 +5,10 @@ the model has only that group pruned at each of a few ratios (with the
 prune's own channel rounding, checks and fallback), its BatchNorm statistics
 recalibrated on training images, and is scored on a bounded subset of the
 dataset's ``val`` split (held out of training, never the ``test`` split other
-reports use): top-1 accuracy, top-1 agreement with the original and mean KL
-divergence from the original's softmax. The curves say where channels are
+reports use): top-1 accuracy, top-1 agreement with the reference and mean KL
+divergence from its softmax. The reference is the original with its BatchNorm
+recalibrated on the same images, so the curves show what pruning costs, not
+what recalibration changes. The curves say where channels are
 cheap; sensitivity allocation (``StructuredPrune(allocation="sensitivity")``)
 uses them to reach a MACs target with the least predicted loss.
 
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from optkit.passes.prune.passes import StructuredPrune
 
 SENSITIVITY_SPLIT = "val"
+#: Part of the cache key: bumped when what a point measures changes.
+SCORING_VERSION = 2
 METRICS = ("kl", "accuracy")
 #: With ``metric="accuracy"``, KL breaks ties between groups whose accuracy did not move (noise on a small subset).
 KL_TIE_BREAK = 1e-3
@@ -53,8 +57,8 @@ class SensitivitySettings:
     ratios: tuple[float, ...] = setting((0.25, 0.5, 0.75), help="Fractions of a group's channels removed, one "
                                         "measurement each (comma-separated).", low=0, high=1, low_open=True,
                                         high_open=True, flag="ratios")
-    metric: str = setting("kl", help="What allocation minimizes: kl (mean KL divergence from the original's "
-                          "softmax; needs no labels, least noisy) or accuracy (top-1 drop on the subset).",
+    metric: str = setting("kl", help="What allocation minimizes: kl (mean KL divergence from the unpruned "
+                          "model's softmax; needs no labels, least noisy) or accuracy (top-1 drop on the subset).",
                           choices=METRICS, flag="metric")
     calibration_samples: int = setting(256, help="Training images that recalibrate BatchNorm statistics after "
                                        "each prune (0 disables).", low=0, flag="calibration-samples")
@@ -75,7 +79,8 @@ class Point:
     Attributes:
         ratio: the ratio asked; kept: the channels the group kept.
         macs_fraction: the copy's MACs over the original's.
-        accuracy, agreement, mean_kl: scores on the subset (agreement and KL against the original).
+        accuracy, agreement, mean_kl: scores on the subset (agreement and KL against the reference,
+            the original with BatchNorm recalibrated alike).
     """
 
     ratio: float
@@ -103,7 +108,8 @@ class Sensitivity:
     Attributes:
         curves: one per group, largest MACs share first.
         groups: the groups themselves (same order), for allocation.
-        baseline: the original's scores on the subset.
+        baseline: the reference's scores on the subset: the original with BatchNorm recalibrated
+            like every pruned copy (the original itself without calibration images).
         macs: the original's MACs.
         metric: what :meth:`loss` reports.
         cost: ``seconds``, ``measured`` (points measured now), ``cached`` (points read from the cache).
@@ -120,7 +126,7 @@ class Sensitivity:
     settings: dict[str, Any]
 
     def loss(self, point: Point) -> float:
-        """The point's loss by :attr:`metric` (0 for the original)."""
+        """The point's loss by :attr:`metric` (0 for the reference)."""
         if self.metric == "kl":
             return max(0.0, point.mean_kl)
         return max(0.0, self.baseline["accuracy"] - point.accuracy) + KL_TIE_BREAK * max(0.0, point.mean_kl)
@@ -162,7 +168,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPr
     eval_set = load_eval_set(EvalSettings(settings.data, samples=settings.samples, batch_size=settings.batch_size),
                              model, shape, split=SENSITIVITY_SPLIT)
     calibration = _calibration_images(settings, shape)
-    reference = torch_logits(model, eval_set, settings.batch_size)
+    reference = torch_logits(_recalibrated(model, calibration), eval_set, settings.batch_size)
     macs = count_macs(model, shape)
     groups = prunable_groups(template, model)
     specs = layer_specs(model, shape)
@@ -224,6 +230,23 @@ def _measure(model: nn.Module, template: StructuredPrune, curve: Curve, ratio: f
             **scores}
 
 
+def _recalibrated(model: nn.Module, calibration: list) -> nn.Module:
+    """A copy of the original with BatchNorm recalibrated like the pruned copies (the model itself without data).
+
+    The pruned copies are compared with it, not with the original, so a curve shows what pruning
+    costs and not what recalibration changes (large on a model whose statistics do not fit the data).
+    """
+    import copy
+
+    from optkit.passes.batchnorm.passes import recalibrate_batchnorm
+
+    if not calibration:
+        return model
+    reference = copy.deepcopy(model)
+    recalibrate_batchnorm(reference, calibration)
+    return reference
+
+
 def _scores(logits, eval_set, reference) -> dict[str, float]:
     from optkit.analysis.evaluation import score
 
@@ -254,7 +277,7 @@ def _cache_key(model: nn.Module, settings: SensitivitySettings, template: Struct
     from optkit import __version__
     from optkit.analysis.metrics import fingerprint
 
-    described = {"model": fingerprint(model), "data": settings.data, "samples": settings.samples,
+    described = {"method": SCORING_VERSION, "model": fingerprint(model), "data": settings.data, "samples": settings.samples,
                  "calibration_samples": settings.calibration_samples, "shape": list(shape),
                  "prune": {k: repr(getattr(template, k)) for k in ("round_to", "importance", "ignored_layers",
                                                                     "submodule", "data", "calibration_batches")},

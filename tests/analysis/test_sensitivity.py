@@ -38,30 +38,42 @@ def _prune(**changes) -> StructuredPrune:
     return StructuredPrune(**{"ratio": 0.0, "round_to": 8, "input_shape": SHAPE, **changes})
 
 
-def test_each_group_gets_a_curve_that_matches_an_independent_measurement():
+@pytest.mark.parametrize("calibration_samples", [0, 32])
+def test_each_group_gets_a_curve_that_matches_an_independent_measurement(calibration_samples):
     model = _model()
     before = copy.deepcopy(model.state_dict())
-    result = analyze(model, _settings(calibration_samples=0), _prune())
-    assert [c.pattern for c in result.curves] and not result.unmeasured
+    result = analyze(model, _settings(calibration_samples=calibration_samples), _prune())
     assert sorted(c.pattern for c in result.curves) == ["0", "3", "6"]  # the three conv outputs (not the classifier)
+    assert not result.unmeasured
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     curve = next(c for c in result.curves if c.pattern == "3")
     point = next(p for p in curve.points if p.ratio == 0.5)
     assert point.kept == 16
-    # Independently: prune that one group by hand, score KL and agreement on the same images.
+    # Independently: prune that one group by hand, recalibrate both it and a copy of the original on the
+    # first training images, and score KL and agreement on the same val images.
     from optkit.data import load_dataset
     from optkit.data.adapt import adapted
 
     val = adapted(load_dataset(DATA, "val", augment=False), SHAPE)
     images = torch.stack([val[i][0] for i in range(min(48, len(val)))])
-    pruned = copy.deepcopy(model)
+    train = adapted(load_dataset(DATA, "train", augment=False), SHAPE)
+    calibration = torch.stack([train[i][0] for i in range(calibration_samples)]) if calibration_samples else None
+    reference, pruned = copy.deepcopy(model), copy.deepcopy(model)
     StructuredPrune(ratio=0.0, layer_ratios={"3": 0.5}, round_to=8, input_shape=SHAPE)(pruned)
     assert pruned[3].out_channels == 16
     with torch.no_grad():
-        reference, logits = model(images), pruned.eval()(images)
-    kl = F.kl_div(F.log_softmax(logits, 1), F.log_softmax(reference, 1), reduction="batchmean", log_target=True)
+        for net in (reference, pruned):
+            if calibration_samples:
+                for bn in (m for m in net.modules() if isinstance(m, nn.BatchNorm2d)):
+                    bn.reset_running_stats()
+                    bn.momentum = None
+                    bn.train()
+                net(calibration)
+            net.eval()
+        expected, logits = reference(images), pruned(images)
+    kl = F.kl_div(F.log_softmax(logits, 1), F.log_softmax(expected, 1), reduction="batchmean", log_target=True)
     assert point.mean_kl == pytest.approx(float(kl), rel=1e-4, abs=1e-7)
-    assert point.agreement == pytest.approx(float((logits.argmax(1) == reference.argmax(1)).float().mean()))
+    assert point.agreement == pytest.approx(float((logits.argmax(1) == expected.argmax(1)).float().mean()))
     assert point.macs_fraction == pytest.approx(count_macs(pruned, SHAPE) / count_macs(model, SHAPE), abs=1e-6)
 
 
