@@ -5,10 +5,11 @@ the model has only that group pruned at each of a few ratios (with the
 prune's own channel rounding, checks and fallback), its BatchNorm statistics
 recalibrated on training images, and is scored on a bounded subset of the
 dataset's ``val`` split (held out of training, never the ``test`` split other
-reports use): top-1 accuracy, top-1 agreement with the reference and mean KL
-divergence from its softmax. The reference is the original with its BatchNorm
-recalibrated on the same images, so the curves show what pruning costs, not
-what recalibration changes. The curves say where channels are
+reports use): top-1 accuracy, top-1 agreement with the original and mean KL
+divergence from its softmax. Losses are counted from the unpruned model
+recalibrated the same way, so a curve shows what pruning costs and not what
+recalibration alone changes (large on a model whose statistics do not fit the
+data, such as a random-init one). The curves say where channels are
 cheap; sensitivity allocation (``StructuredPrune(allocation="sensitivity")``)
 uses them to reach a MACs target with the least predicted loss.
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 SENSITIVITY_SPLIT = "val"
 #: Part of the cache key: bumped when what a point measures changes.
-SCORING_VERSION = 2
+SCORING_VERSION = 3
 METRICS = ("kl", "accuracy")
 #: With ``metric="accuracy"``, KL breaks ties between groups whose accuracy did not move (noise on a small subset).
 KL_TIE_BREAK = 1e-3
@@ -79,8 +80,7 @@ class Point:
     Attributes:
         ratio: the ratio asked; kept: the channels the group kept.
         macs_fraction: the copy's MACs over the original's.
-        accuracy, agreement, mean_kl: scores on the subset (agreement and KL against the reference,
-            the original with BatchNorm recalibrated alike).
+        accuracy, agreement, mean_kl: scores on the subset (agreement and KL against the original).
     """
 
     ratio: float
@@ -108,8 +108,8 @@ class Sensitivity:
     Attributes:
         curves: one per group, largest MACs share first.
         groups: the groups themselves (same order), for allocation.
-        baseline: the reference's scores on the subset: the original with BatchNorm recalibrated
-            like every pruned copy (the original itself without calibration images).
+        baseline: the scores of the unpruned model with BatchNorm recalibrated like every pruned copy
+            (agreement and KL against the original): each curve's zero point.
         macs: the original's MACs.
         metric: what :meth:`loss` reports.
         cost: ``seconds``, ``measured`` (points measured now), ``cached`` (points read from the cache).
@@ -126,10 +126,11 @@ class Sensitivity:
     settings: dict[str, Any]
 
     def loss(self, point: Point) -> float:
-        """The point's loss by :attr:`metric` (0 for the reference)."""
+        """The point's loss by :attr:`metric`, measured from :attr:`baseline` (the unpruned model recalibrated)."""
+        kl = max(0.0, point.mean_kl - self.baseline["mean_kl"])
         if self.metric == "kl":
-            return max(0.0, point.mean_kl)
-        return max(0.0, self.baseline["accuracy"] - point.accuracy) + KL_TIE_BREAK * max(0.0, point.mean_kl)
+            return kl
+        return max(0.0, self.baseline["accuracy"] - point.accuracy) + KL_TIE_BREAK * kl
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary: settings, baseline, cost and every curve's points."""
@@ -168,7 +169,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPr
     eval_set = load_eval_set(EvalSettings(settings.data, samples=settings.samples, batch_size=settings.batch_size),
                              model, shape, split=SENSITIVITY_SPLIT)
     calibration = _calibration_images(settings, shape)
-    reference = torch_logits(_recalibrated(model, calibration), eval_set, settings.batch_size)
+    reference = torch_logits(model, eval_set, settings.batch_size)
     macs = count_macs(model, shape)
     groups = prunable_groups(template, model)
     specs = layer_specs(model, shape)
@@ -178,7 +179,8 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPr
     curves = [Curve(g.pattern, g.channels, shares[i]) for g, i in zip(groups, order)]
     key = _cache_key(model, settings, template, shape)
     cache = _read_cache(key)
-    baseline = _scores(reference, eval_set, reference)
+    baseline = _scores(torch_logits(_recalibrated(model, calibration), eval_set, settings.batch_size), eval_set,
+                       reference)
     counts = {"measured": 0, "cached": 0}
     ratios = sorted(settings.ratios)
     out_of_time = False
@@ -231,11 +233,7 @@ def _measure(model: nn.Module, template: StructuredPrune, curve: Curve, ratio: f
 
 
 def _recalibrated(model: nn.Module, calibration: list) -> nn.Module:
-    """A copy of the original with BatchNorm recalibrated like the pruned copies (the model itself without data).
-
-    The pruned copies are compared with it, not with the original, so a curve shows what pruning
-    costs and not what recalibration changes (large on a model whose statistics do not fit the data).
-    """
+    """A copy of the original with BatchNorm recalibrated like the pruned copies (the model itself without data)."""
     import copy
 
     from optkit.passes.batchnorm.passes import recalibrate_batchnorm
