@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from optkit.passes.prune.passes import DEFAULT_ROUND_TO
+
 RESULTS = Path(__file__).resolve().parent / "results"
 RATIO = 0.3
 MEMORY_CAP_GIB = 10.0
@@ -266,7 +268,8 @@ def markdown(data: dict) -> str:
         "",
         *([data["note"], ""] if data.get("note") else []),
         f"Machine: {data['machine']}; torch {data['torch']}, torchvision {data['torchvision']}, "
-        f"torch-pruning {data['torch_pruning']}. Random-init weights, ratio {RATIO}, round_to 8, L1 importance, "
+        f"torch-pruning {data['torch_pruning']}. Random-init weights, ratio {RATIO}, optkit's default round_to "
+        f"({DEFAULT_ROUND_TO}), L1 importance, "
         f"input {data['size']}x{data['size']} (ViT and MaxViT: 224x224, fixed by the models); MACs counted at that input. "
         f"Models run in worker subprocesses ({data['memory_cap_gib']:g} GiB address-space cap, a "
         f"{data['time_limit_s']:g} s pruning time limit per model) that are restarted after a crash or an overrun.",
@@ -427,8 +430,9 @@ def timm_markdown(data: dict) -> str:
         *([data["note"], ""] if data.get("note") else []),
         f"Machine: {data['machine']}; torch {data['torch']}, timm {data['timm']}, torch-pruning "
         f"{data['torch_pruning']}. Random-init weights (`pretrained=False`), each model at its default input size, "
-        f"ratio {RATIO}, round_to 8, L1 importance, optkit's default limits (a {data['time_limit_s']:g} s limit per try). "
-        f"torch-pruning called directly: `BasePruner` with the classifier ignored, the same ratio and round_to, "
+        f"ratio {RATIO}, optkit's default round_to ({DEFAULT_ROUND_TO}), L1 importance, optkit's default limits (a "
+        f"{data['time_limit_s']:g} s limit per try). "
+        f"torch-pruning called directly: `BasePruner` with the classifier ignored, the same ratio, round_to 8, "
         f"a {data['direct_time_limit_s']:g} s limit; ok means it finished and the model then ran forward and "
         "backward with the same output shape.",
         "",
