@@ -47,8 +47,10 @@ def markdown(sensitivity: Sensitivity, allocation: dict[str, Any], model_spec: s
     lines = [f"# Sensitivity of {model_spec}", "",
              f"Each group pruned alone on a copy (round_to {s['round_to']}, {s['importance']} importance), BatchNorm "
              f"recalibrated on {s['calibration_samples']} training images, scored on {s['samples']} val images of "
-             f"`{s['data']}` at input {'×'.join(map(str, s['input_shape']))}. Original accuracy on the subset: "
-             f"{base['accuracy']:.2%}. Cells: channels kept / mean KL from the original / accuracy.", "",
+             f"`{s['data']}` at input {'×'.join(map(str, s['input_shape']))}. The unpruned model recalibrated alike "
+             f"(each curve's zero point, from which losses count): accuracy {base['accuracy']:.2%}, mean KL "
+             f"{base['mean_kl']:.4f} and agreement {base['agreement']:.1%} with the original. Cells: channels kept / "
+             "mean KL from the original / accuracy.", "",
              "| group | channels | MACs share | " + " | ".join(f"ratio {r:g}" for r in ratios) + " | allocated |",
              "|---|---:|---:|" + "---:|" * (len(ratios) + 1)]
     chosen = allocation.get("layer_ratios", {})
