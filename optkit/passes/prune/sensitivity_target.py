@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
 from optkit.passes.prune.allocation import MAX_CORRECTIONS, next_aim, shrink
 from optkit.passes.prune.groups import ratios_for
-from optkit.passes.prune.target import REPORT_TOLERANCE
+from optkit.passes.prune.target import target_notes
 
 if TYPE_CHECKING:
     from torch import nn
@@ -66,15 +66,11 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
                     "metric": sensitivity.metric, "layer_ratios": ratios, "round_to": round_to,
                     "tries": tries, "sensitivity": {**sensitivity.cost, "unmeasured": sensitivity.unmeasured}})
     notes = details.setdefault("notes", [])
-    if round_to != settings.round_to:
-        notes.append(f"structured_prune: round_to {settings.round_to} could not reach macs {target:g} within "
-                     f"{settings.target_tolerance:g}; channel counts are multiples of {round_to} instead")
     if sensitivity.unmeasured:
         notes.append(f"structured_prune: sensitivity measured {len(sensitivity.curves) - len(sensitivity.unmeasured)}"
                      f" of {len(sensitivity.curves)} groups within its time budget; the rest are not pruned")
-    if abs(achieved - target) > REPORT_TOLERANCE:
-        notes.append(f"structured_prune: asked macs {target:g} of the original, achieved {achieved:.3f} "
-                     f"(closest of {len(tries)} tries; the measured ratios may not reach that far)")
+    notes.extend(target_notes(settings, "macs", target, achieved, round_to, len(tries),
+                              "the measured ratios may not reach that far"))
     return PassResult(pruned, details)
 
 

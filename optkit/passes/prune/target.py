@@ -67,15 +67,23 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
     achieved, pruned, details, round_to = best
     details.update({"target": kind, "target_fraction": target, "achieved_fraction": round(achieved, 4),
                     "round_to": round_to, "tries": tries})
-    notes = details.setdefault("notes", [])
+    details.setdefault("notes", []).extend(
+        target_notes(settings, kind, target, achieved, round_to, len(tries), "see held and skipped layers"))
+    return PassResult(pruned, details)
+
+
+def target_notes(settings: Pass, kind: str, target: float, achieved: float, round_to: int, tries: int,
+                 why: str) -> list[str]:
+    """The report's lines for a target search: a refined ``round_to``, and a miss beyond :data:`REPORT_TOLERANCE`."""
+    notes = []
     if round_to != settings.round_to:
         notes.append(f"structured_prune: round_to {settings.round_to} could not reach {kind} {target:g} within "
                      f"{settings.target_tolerance:g}; channel counts are multiples of {round_to} instead "
                      f"(achieved {achieved:.3f})")
     if abs(achieved - target) > REPORT_TOLERANCE:
         notes.append(f"structured_prune: asked {kind} {target:g} of the original, achieved {achieved:.3f} "
-                     f"(closest of {len(tries)} tries; see held and skipped layers)")
-    return PassResult(pruned, details)
+                     f"(closest of {tries} tries; {why})")
+    return notes
 
 
 def _bracket(settings: Pass, model: nn.Module, target: float, fraction, tries: list) -> tuple:
