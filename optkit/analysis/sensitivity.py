@@ -6,12 +6,22 @@ prune's own channel rounding, checks and fallback), its BatchNorm statistics
 recalibrated on training images, and is scored on a bounded subset of the
 dataset's ``val`` split (held out of training, never the ``test`` split other
 reports use): top-1 accuracy, top-1 agreement with the original and mean KL
-divergence from its softmax. Losses are counted from the unpruned model
-recalibrated the same way, so a curve shows what pruning costs and not what
-recalibration alone changes (large on a model whose statistics do not fit the
-data, such as a random-init one). The curves say where channels are
-cheap; sensitivity allocation (``StructuredPrune(allocation="sensitivity")``)
+divergence from its softmax, both as pruned (BatchNorm statistics as they
+were) and after the recalibration. Recalibrated losses are counted from the
+unpruned model recalibrated the same way, so a curve shows what pruning costs
+and not what recalibration alone changes (large on a model whose statistics do
+not fit the data, such as a random-init one). The curves say where channels
+are cheap; sensitivity allocation (``StructuredPrune(allocation="sensitivity")``)
 uses them to reach a MACs target with the least predicted loss.
+
+The allocation's loss serves both states a pruned model is used in: as it
+comes out of the prune and recalibrated (which a fine-tune starts from). Each
+state's loss is divided by its total over all measured points, so neither
+scale drowns the other: the recalibrated loss by :attr:`SensitivitySettings.metric`,
+the as-pruned loss as top-1 disagreement with the original. Disagreement is
+bounded where as-pruned KL is not (one group pruned alone can reach a KL of 4
+on a trained CNN), and additive per-group KL then overrates the groups whose
+stale statistics hurt most in isolation.
 
 Each point is cached on disk as soon as it is measured, keyed by the model's
 weights and architecture, the data and every setting that changes a point, so
@@ -24,6 +34,7 @@ Importing this module needs no torch (the CLI reads :class:`SensitivitySettings`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -41,7 +52,7 @@ if TYPE_CHECKING:
 
 SENSITIVITY_SPLIT = "val"
 #: Part of the cache key: bumped when what a point measures changes.
-SCORING_VERSION = 3
+SCORING_VERSION = 4
 METRICS = ("kl", "accuracy")
 #: With ``metric="accuracy"``, KL breaks ties between groups whose accuracy did not move (noise on a small subset).
 KL_TIE_BREAK = 1e-3
@@ -61,6 +72,10 @@ class SensitivitySettings:
     metric: str = setting("kl", help="What allocation minimizes: kl (mean KL divergence from the unpruned "
                           "model's softmax; needs no labels, least noisy) or accuracy (top-1 drop on the subset).",
                           choices=METRICS, flag="metric")
+    as_pruned_weight: float = setting(1.0, help="Weight of the as-pruned loss (top-1 disagreement before "
+                                      "BatchNorm recalibration) against the recalibrated one, each scaled by its "
+                                      "total over the measured points; 0 allocates for the recalibrated model only.",
+                                      low=0, flag="as-pruned-weight")
     calibration_samples: int = setting(256, help="Training images that recalibrate BatchNorm statistics after "
                                        "each prune (0 disables).", low=0, flag="calibration-samples")
     batch_size: int = setting(128, help="Images per forward pass.", low=1, flag="eval-batch-size")
@@ -80,7 +95,9 @@ class Point:
     Attributes:
         ratio: the ratio asked; kept: the channels the group kept.
         macs_fraction: the copy's MACs over the original's.
-        accuracy, agreement, mean_kl: scores on the subset (agreement and KL against the original).
+        accuracy, agreement, mean_kl: scores on the subset after BatchNorm recalibration (agreement
+            and KL against the original).
+        as_pruned_accuracy, as_pruned_agreement, as_pruned_mean_kl: the same, before recalibration.
     """
 
     ratio: float
@@ -89,6 +106,9 @@ class Point:
     accuracy: float
     agreement: float
     mean_kl: float
+    as_pruned_accuracy: float
+    as_pruned_agreement: float
+    as_pruned_mean_kl: float
 
 
 @dataclass
@@ -111,9 +131,11 @@ class Sensitivity:
         baseline: the scores of the unpruned model with BatchNorm recalibrated like every pruned copy
             (agreement and KL against the original): each curve's zero point.
         macs: the original's MACs.
-        metric: what :meth:`loss` reports.
+        metric: the recalibrated state's loss in :meth:`loss`.
         cost: ``seconds``, ``measured`` (points measured now), ``cached`` (points read from the cache).
         unmeasured: group patterns the time budget left without any point.
+        as_pruned_weight: weight of the as-pruned loss in :meth:`loss` (0: the recalibrated loss alone,
+            in the metric's own units).
     """
 
     curves: list[Curve]
@@ -124,13 +146,40 @@ class Sensitivity:
     cost: dict[str, float]
     unmeasured: list[str]
     settings: dict[str, Any]
+    as_pruned_weight: float = 0.0
 
     def loss(self, point: Point) -> float:
+        """The point's predicted loss: recalibrated and, weighted, as pruned, each scaled by its total.
+
+        With ``as_pruned_weight`` 0 it is :meth:`recalibrated_loss` itself.
+        """
+        recalibrated = self.recalibrated_loss(point)
+        if not self.as_pruned_weight:
+            return recalibrated
+        recalibrated_total, as_pruned_total = self._totals
+        return recalibrated / recalibrated_total + self.as_pruned_weight * (1 - point.as_pruned_agreement) / as_pruned_total
+
+    def recalibrated_loss(self, point: Point) -> float:
         """The point's loss by :attr:`metric`, measured from :attr:`baseline` (the unpruned model recalibrated)."""
         kl = max(0.0, point.mean_kl - self.baseline["mean_kl"])
         if self.metric == "kl":
             return kl
         return max(0.0, self.baseline["accuracy"] - point.accuracy) + KL_TIE_BREAK * kl
+
+    def loss_description(self) -> str:
+        """What :meth:`loss` measures, in words (for reports and plot axes)."""
+        recalibrated = "mean KL from the original" if self.metric == "kl" else "accuracy drop (+ KL tie-break)"
+        if not self.as_pruned_weight:
+            return recalibrated
+        return (f"{recalibrated} after recalibration + {self.as_pruned_weight:g} x top-1 disagreement as pruned, "
+                "each over its total")
+
+    @functools.cached_property
+    def _totals(self) -> tuple[float, float]:
+        points = [p for c in self.curves for p in c.points]
+        recalibrated = sum(self.recalibrated_loss(p) for p in points)
+        as_pruned = sum(1 - p.as_pruned_agreement for p in points)
+        return recalibrated or 1.0, as_pruned or 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary: settings, baseline, cost and every curve's points."""
@@ -209,7 +258,8 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPr
     cost = {"seconds": round(time.perf_counter() - start, 2), **counts}
     summary = {**dataclasses.asdict(settings), "input_shape": list(shape), "round_to": template.round_to,
                "importance": template.importance}
-    return Sensitivity(curves, groups, baseline, macs, settings.metric, cost, unmeasured, summary)
+    return Sensitivity(curves, groups, baseline, macs, settings.metric, cost, unmeasured, summary,
+                       settings.as_pruned_weight)
 
 
 def _measure(model: nn.Module, template: StructuredPrune, curve: Curve, ratio: float, eval_set, calibration,
@@ -222,14 +272,15 @@ def _measure(model: nn.Module, template: StructuredPrune, curve: Curve, ratio: f
 
     candidate = copy.deepcopy(model)
     dataclasses.replace(template, layer_ratios={curve.pattern: ratio}).prune(candidate, 0.0)
+    as_pruned = _scores(torch_logits(candidate, eval_set, batch_size), eval_set, reference)
     if calibration:
         recalibrate_batchnorm(candidate, calibration)
-    scores = _scores(torch_logits(candidate, eval_set, batch_size), eval_set, reference)
+    scores = _scores(torch_logits(candidate, eval_set, batch_size), eval_set, reference) if calibration else as_pruned
     root = candidate.get_submodule(template.submodule) if template.submodule else candidate
     layer = root.get_submodule(curve.pattern)
     kept = getattr(layer, "out_channels", getattr(layer, "out_features", curve.channels))
     return {"ratio": ratio, "kept": int(kept), "macs_fraction": round(count_macs(candidate, template.input_shape) / macs, 6),
-            **scores}
+            **scores, **{f"as_pruned_{key}": value for key, value in as_pruned.items()}}
 
 
 def _recalibrated(model: nn.Module, calibration: list) -> nn.Module:

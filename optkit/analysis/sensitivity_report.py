@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,19 +51,21 @@ def markdown(sensitivity: Sensitivity, allocation: dict[str, Any], model_spec: s
              f"`{s['data']}` at input {'×'.join(map(str, s['input_shape']))}. The unpruned model recalibrated alike "
              f"(each curve's zero point, from which losses count): accuracy {base['accuracy']:.2%}, mean KL "
              f"{base['mean_kl']:.4f} and agreement {base['agreement']:.1%} with the original. Cells: channels kept / "
-             "mean KL from the original / accuracy.", "",
+             "mean KL from the original / accuracy (both recalibrated) / top-1 agreement with the original as pruned "
+             f"(before recalibration). Allocation loss: {sensitivity.loss_description()}.", "",
              "| group | channels | MACs share | " + " | ".join(f"ratio {r:g}" for r in ratios) + " | allocated |",
              "|---|---:|---:|" + "---:|" * (len(ratios) + 1)]
     chosen = allocation.get("layer_ratios", {})
     for curve in sensitivity.curves:
-        cells = {p.ratio: f"{p.kept} / {p.mean_kl:.4f} / {p.accuracy:.1%}" for p in curve.points}
+        cells = {p.ratio: f"{p.kept} / {p.mean_kl:.4f} / {p.accuracy:.1%} / {p.as_pruned_agreement:.1%}"
+                 for p in curve.points}
         kept = curve.channels - int(round(chosen.get(curve.pattern, 0.0) * curve.channels + 1e-6))
         lines.append(f"| {curve.pattern} | {curve.channels} | {curve.macs_share:.3f} | "
                      + " | ".join(cells.get(r, "not measured") for r in ratios) + f" | {kept} |")
     cost = sensitivity.cost
     lines += ["", f"Allocation for MACs {allocation['target_fraction']:g}: achieved "
-              f"{allocation['achieved_fraction']:.3f}, predicted loss {allocation['predicted_loss']:.4f} "
-              f"({sensitivity.metric}); recipe.toml holds its layer_ratios.",
+              f"{allocation['achieved_fraction']:.3f}, predicted loss {allocation['predicted_loss']:.4f}"
+              "; recipe.toml holds its layer_ratios.",
               f"Cost: {cost['seconds']:.1f} s, {cost['measured']} points measured, {cost['cached']} from the cache."]
     if sensitivity.unmeasured:
         lines.append(f"Time budget reached: {len(sensitivity.unmeasured)} group(s) not measured and not pruned "
@@ -87,7 +90,7 @@ def plot(sensitivity: Sensitivity, path: Path, model_spec: str) -> None:
         ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=label,
                 color=None if index < LEGEND_LIMIT else "0.7")
     ax.set_xlabel("fraction of the group's channels removed")
-    ax.set_ylabel("mean KL from the original" if sensitivity.metric == "kl" else "accuracy drop (+ KL tie-break)")
+    ax.set_ylabel("\n".join(textwrap.wrap(sensitivity.loss_description(), 50)), fontsize=8)
     ax.set_title(f"Sensitivity of {model_spec}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2)

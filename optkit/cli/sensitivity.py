@@ -98,7 +98,7 @@ def _print_summary(sensitivity, details: dict[str, Any], out_dir: str) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    table = Table(title=f"Sensitivity ({sensitivity.metric} at each ratio; lower is safer to prune)")
+    table = Table(title=f"Sensitivity at each ratio, lower is safer to prune ({sensitivity.loss_description()})")
     for column in ("group", "channels", "MACs share", *(f"{r:g}" for r in sorted(sensitivity.settings["ratios"]))):
         table.add_column(column, justify="left" if column == "group" else "right")
     for curve in sensitivity.curves:

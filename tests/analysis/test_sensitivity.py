@@ -61,6 +61,7 @@ def test_each_group_gets_a_curve_that_matches_an_independent_measurement(calibra
     recalibrated, pruned = copy.deepcopy(model), copy.deepcopy(model)
     StructuredPrune(ratio=0.0, layer_ratios={"3": 0.5}, round_to=8, input_shape=SHAPE)(pruned)
     assert pruned[3].out_channels == 16
+    as_pruned = copy.deepcopy(pruned).eval()
     with torch.no_grad():
         for net in (recalibrated, pruned):
             if calibration_samples:
@@ -70,7 +71,7 @@ def test_each_group_gets_a_curve_that_matches_an_independent_measurement(calibra
                     bn.train()
                 net(calibration)
             net.eval()
-        expected, logits, zero = model(images), pruned(images), recalibrated(images)
+        expected, logits, zero, stale = model(images), pruned(images), recalibrated(images), as_pruned(images)
 
     def kl(x):
         return float(F.kl_div(F.log_softmax(x, 1), F.log_softmax(expected, 1), reduction="batchmean", log_target=True))
@@ -78,8 +79,16 @@ def test_each_group_gets_a_curve_that_matches_an_independent_measurement(calibra
     assert point.mean_kl == pytest.approx(kl(logits), rel=1e-4, abs=1e-7)
     assert result.baseline["mean_kl"] == pytest.approx(kl(zero), rel=1e-4, abs=1e-7)
     assert (result.baseline["mean_kl"] > 1e-3) == bool(calibration_samples)  # default BN statistics move
-    assert result.loss(point) == pytest.approx(max(0.0, kl(logits) - kl(zero)), abs=1e-7)
+    assert result.recalibrated_loss(point) == pytest.approx(max(0.0, kl(logits) - kl(zero)), abs=1e-7)
     assert point.agreement == pytest.approx(float((logits.argmax(1) == expected.argmax(1)).float().mean()))
+    assert point.as_pruned_mean_kl == pytest.approx(kl(stale), rel=1e-4, abs=1e-7)
+    assert point.as_pruned_agreement == pytest.approx(float((stale.argmax(1) == expected.argmax(1)).float().mean()))
+    # The allocation's loss: each state's loss over its total across all points, summed (weight 1 by default).
+    points = [p for c in result.curves for p in c.points]
+    recalibrated_total = sum(max(0.0, p.mean_kl - result.baseline["mean_kl"]) for p in points) or 1.0
+    as_pruned_total = sum(1 - p.as_pruned_agreement for p in points) or 1.0
+    assert result.loss(point) == pytest.approx(max(0.0, kl(logits) - kl(zero)) / recalibrated_total
+                                               + (1 - point.as_pruned_agreement) / as_pruned_total, rel=1e-4)
     assert point.macs_fraction == pytest.approx(count_macs(pruned, SHAPE) / count_macs(model, SHAPE), abs=1e-6)
 
 
@@ -111,19 +120,31 @@ def test_time_budget_leaves_groups_unmeasured_and_allocation_keeps_them_whole():
     assert any("time budget" in note for note in details["notes"])
 
 
-def _synthetic_sensitivity(cheap: list[float], costly: list[float]) -> tuple[Sensitivity, dict]:
+def _synthetic_sensitivity(cheap: list[float], costly: list[float], as_pruned_cheap=(1.0, 1.0, 1.0),
+                           as_pruned_costly=(1.0, 1.0, 1.0)) -> tuple[Sensitivity, dict]:
     # Two independent branches: layer a (group A) feeds c, layer b (group B) feeds d.
     specs = {"a": {"in": 3, "out": 32, "macs": 3200, "depthwise": False},
              "b": {"in": 3, "out": 32, "macs": 3200, "depthwise": False},
              "c": {"in": 32, "out": 10, "macs": 320, "depthwise": False},
              "d": {"in": 32, "out": 10, "macs": 320, "depthwise": False}}
     groups = [Group("a", 32, [], ["a"], ["c"]), Group("b", 32, [], ["b"], ["d"])]
-    curves = [Curve("a", 32, 0.5, [Point(r, k, 1.0, 0.9, 1.0, loss) for r, k, loss in zip((0.25, 0.5, 0.75),
-                                                                                         (24, 16, 8), cheap)]),
-              Curve("b", 32, 0.5, [Point(r, k, 1.0, 0.9, 1.0, loss) for r, k, loss in zip((0.25, 0.5, 0.75),
-                                                                                         (24, 16, 8), costly)])]
+    curves = [Curve(name, 32, 0.5, [Point(r, k, 1.0, 0.9, 1.0, loss, 0.9, agreement, 0.0)
+                                    for r, k, loss, agreement in zip((0.25, 0.5, 0.75), (24, 16, 8), losses,
+                                                                     agreements)])
+              for name, losses, agreements in (("a", cheap, as_pruned_cheap), ("b", costly, as_pruned_costly))]
     sensitivity = Sensitivity(curves, groups, {"accuracy": 0.9, "mean_kl": 0.0}, 7040, "kl", {}, [], {})
     return sensitivity, specs
+
+
+def test_allocation_weighs_the_as_pruned_state_when_asked():
+    # Group a is cheap once recalibrated but wrecks the model as pruned; group b the other way round.
+    sensitivity, specs = _synthetic_sensitivity([0.01, 0.02, 0.03], [0.02, 0.04, 0.06],
+                                                as_pruned_cheap=[0.5, 0.2, 0.1], as_pruned_costly=[1.0, 0.99, 0.98])
+    kept, _ = allocate(sensitivity, specs, 0.8, round_to=8)
+    assert kept[0] < 32 and kept[1] == 32
+    sensitivity.as_pruned_weight = 1.0
+    kept, _ = allocate(sensitivity, specs, 0.8, round_to=8)
+    assert kept[0] == 32 and kept[1] < 32
 
 
 def test_allocation_spends_the_target_on_the_cheap_group_first():
@@ -176,9 +197,9 @@ def test_ratios_must_be_distinct_fractions():
 def test_accuracy_metric_is_the_drop_with_a_kl_tie_break():
     sensitivity, _ = _synthetic_sensitivity([0.0] * 3, [0.0] * 3)
     sensitivity.metric = "accuracy"
-    point = Point(0.5, 16, 0.7, 0.85, 0.9, 0.2)
+    point = Point(0.5, 16, 0.7, 0.85, 0.9, 0.2, 0.85, 0.9, 0.2)
     assert sensitivity.loss(point) == pytest.approx(0.05 + 1e-3 * 0.2)
-    assert sensitivity.loss(Point(0.5, 16, 0.7, 0.95, 0.9, 0.0)) == 0.0
+    assert sensitivity.loss(Point(0.5, 16, 0.7, 0.95, 0.9, 0.0, 0.95, 0.9, 0.0)) == 0.0
 
 
 def test_to_dict_is_json_ready():
