@@ -2,10 +2,12 @@
 
 For each model at 224x224, 2 threads, batch 1: ``StructuredPrune(target_latency=0.5)`` (the per-layer
 latency table, greedy channel removal, measured correction), then ``StructuredPrune(target_macs=...)``
-with the MACs fraction searched so that its measured latency equals the latency-target model's (one
-bisection on the measured fraction, at most ``MACS_TRIES`` prunes). Both pruned models and the original
-are exported and timed in alternating blocks with
-:func:`optkit.analysis.latency.interleaved_latency`. The latency table is built twice (cold cache,
+at up to ``MACS_TRIES`` MACs fractions, each timed in alternating blocks (with
+:func:`optkit.analysis.latency.interleaved_latency`) against the original and the latency-target model.
+Each try's latency relative to the latency-target model's in the same timing run (robust to a change
+of machine load between tries) steers the next MACs fraction (secant steps), and the MACs fraction at
+equal measured latency is interpolated between the two tries nearest to it (bracketing it where the
+tries do). The latency target "keeps at least as many MACs" when its MACs fraction is at least that. The latency table is built twice (cold cache,
 then cached) to record both costs.
 
 Run (timings only mean something when nothing else heavy runs; other benchmarks take the same lock)::
@@ -42,6 +44,8 @@ THREADS = 2
 BATCH = 1
 INPUT_SHAPE = (1, 3, 224, 224)
 MACS_TRIES = 4
+#: Tries whose latency is within this fraction of the latency-target model's count as equal.
+EQUAL_LATENCY_TOLERANCE = 0.02
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -67,27 +71,67 @@ def run_model(name: str, cache: str) -> dict:
                               latency_batch=BATCH).apply(copy.deepcopy(model))
     latency_s = time.perf_counter() - start
     goal = latency.details["measured_fraction"]
-    low, high, macs_target = 0.05, 0.95, latency.details["macs_fraction"]
-    best = None
+    macs_target = latency.details["macs_fraction"]
+    tries: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="optkit-latency-bench-") as folder:
         for _ in range(MACS_TRIES):
             pruned = StructuredPrune(target_macs=macs_target, input_shape=INPUT_SHAPE).apply(copy.deepcopy(model))
             base, lat_ms, macs_ms = _measure([model, latency.model, pruned.model], folder)
-            fraction = macs_ms / base
-            if best is None or abs(fraction - lat_ms / base) < abs(best["measured_fraction"] - best["latency_ref"]):
-                best = {"target_macs": macs_target, "measured_fraction": round(fraction, 4),
-                        "latency_ref": round(lat_ms / base, 4),
-                        "macs_fraction": round(count_macs(pruned.model, INPUT_SHAPE) / macs, 4)}
-            if abs(fraction - lat_ms / base) <= 0.02:
+            tries.append({"target_macs": macs_target, "macs_fraction": round(count_macs(pruned.model, INPUT_SHAPE) / macs, 4),
+                          "measured_fraction": round(macs_ms / base, 4), "latency_ref": round(lat_ms / base, 4),
+                          "relative": round(macs_ms / lat_ms, 4)})
+            if abs(tries[-1]["relative"] - 1) <= EQUAL_LATENCY_TOLERANCE:
                 break
-            low, high = (macs_target, high) if fraction < lat_ms / base else (low, macs_target)
-            macs_target = round((low + high) / 2, 4)
+            macs_target = _next_macs(tries)
     d = latency.details
+    equal, how = _macs_at_equal_latency(tries)
     return {"model": name, "target_latency": TARGET,
             "latency_target": {"predicted_fraction": d["predicted_fraction"], "measured_fraction": goal,
                                "macs_fraction": d["macs_fraction"], "round_to": d["round_to"],
                                "tries": d["tries"], "seconds": round(latency_s, 1)},
-            "macs_target": best, "lut_first": first, "lut_cached": cached}
+            "macs_target": {"tries": tries, "macs_at_equal_latency": round(equal, 4), "estimate": how,
+                            "latency_ref": round(statistics.median(t["latency_ref"] for t in tries), 4)},
+            "lut_first": first, "lut_cached": cached}
+
+
+def _nearest_pair(tries: list[dict]) -> tuple[dict, dict, bool]:
+    """The two tries nearest to equal latency (relative 1): one on each side when the tries bracket it."""
+    below = [t for t in tries if t["relative"] <= 1]
+    above = [t for t in tries if t["relative"] > 1]
+    if below and above:
+        return max(below, key=lambda t: t["relative"]), min(above, key=lambda t: t["relative"]), True
+    first, second = sorted(tries, key=lambda t: abs(t["relative"] - 1))[:2]
+    return first, second, False
+
+
+def _secant(a: dict, b: dict) -> float | None:
+    """MACs fraction where the line through two tries (relative latency -> MACs fraction) reaches relative 1."""
+    if a["relative"] == b["relative"]:
+        return None
+    slope = (b["macs_fraction"] - a["macs_fraction"]) / (b["relative"] - a["relative"])
+    return a["macs_fraction"] + slope * (1 - a["relative"])
+
+
+def _next_macs(tries: list[dict]) -> float:
+    """The next MACs fraction to try: proportional after one try (latency taken as MACs-proportional), secant after."""
+    guess = None
+    if len(tries) >= 2:
+        guess = _secant(*_nearest_pair(tries)[:2])
+    if guess is None:
+        guess = tries[-1]["macs_fraction"] / tries[-1]["relative"]
+    return round(min(0.95, max(0.05, guess)), 4)
+
+
+def _macs_at_equal_latency(tries: list[dict]) -> tuple[float, str]:
+    """The MACs-target path's MACs fraction at the latency-target model's measured latency, and how it was found."""
+    nearest = min(tries, key=lambda t: abs(t["relative"] - 1))
+    if abs(nearest["relative"] - 1) <= EQUAL_LATENCY_TOLERANCE or len(tries) < 2:
+        return nearest["macs_fraction"], "measured"
+    a, b, bracketed = _nearest_pair(tries)
+    value = _secant(a, b)
+    if value is None:
+        return nearest["macs_fraction"], "measured"
+    return value, "interpolated" if bracketed else "extrapolated"
 
 
 def _markdown(rows: list[dict], meta: dict) -> str:
@@ -95,22 +139,25 @@ def _markdown(rows: list[dict], meta: dict) -> str:
              f"`{meta['command']}`, {meta['date']}, {meta['cpu']}, load average before {meta['load_before']}, "
              f"after {meta['load_after']}; {THREADS} threads, batch {BATCH}, input {INPUT_SHAPE}.", "",
              "| model | predicted | measured (search) | measured (re-timed) | MACs kept (latency) | "
-             "MACs kept (MACs target) | MACs-target measured | LUT first s (measurements) | LUT cached s |",
+             "MACs kept (MACs target, equal latency) | MACs-target tries (MACs: latency vs the latency-target model) "
+             "| LUT first s (measurements) | LUT cached s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | |")
             continue
         lt, mt = r["latency_target"], r["macs_target"]
+        tries = ", ".join(f"{t['macs_fraction']:.3f}: {t['relative']:.3f}" for t in mt["tries"])
         lines.append(f"| {r['model']} | {lt['predicted_fraction']:.3f} | {lt['measured_fraction']:.3f} | "
-                     f"{mt['latency_ref']:.3f} | {lt['macs_fraction']:.3f} | {mt['macs_fraction']:.3f} | {mt['measured_fraction']:.3f} | "
+                     f"{mt['latency_ref']:.3f} | {lt['macs_fraction']:.3f} | {mt['macs_at_equal_latency']:.3f} "
+                     f"({mt['estimate']}) | {tries} | "
                      f"{r['lut_first']['seconds']:.1f} ({r['lut_first']['measurements']}) | "
                      f"{r['lut_cached']['seconds']:.2f} |")
     done = [r for r in rows if "error" not in r]
     if done:
         measured = statistics.median(r["latency_target"]["measured_fraction"] for r in done)
         retimed = statistics.median(r["macs_target"]["latency_ref"] for r in done)
-        keeps = sum(r["latency_target"]["macs_fraction"] >= r["macs_target"]["macs_fraction"] for r in done)
+        keeps = sum(r["latency_target"]["macs_fraction"] >= r["macs_target"]["macs_at_equal_latency"] for r in done)
         lines += ["", f"Median measured fraction: {measured:.3f} in the search, {retimed:.3f} re-timed "
                   f"(target {TARGET} ± 0.05). The latency target keeps at least as many MACs as the MACs target at "
                   f"the same measured latency on {keeps} of {len(done)} models."]
