@@ -34,7 +34,6 @@ Importing this module needs no torch (the CLI reads :class:`SensitivitySettings`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import time
@@ -174,7 +173,7 @@ class Sensitivity:
         return (f"{recalibrated} after recalibration + {self.as_pruned_weight:g} x top-1 disagreement as pruned, "
                 "each over its total")
 
-    @functools.cached_property
+    @property
     def _totals(self) -> tuple[float, float]:
         points = [p for c in self.curves for p in c.points]
         recalibrated = sum(self.recalibrated_loss(p) for p in points)
