@@ -46,6 +46,8 @@ INPUT_SHAPE = (1, 3, 224, 224)
 MACS_TRIES = 4
 #: Tries whose latency is within this fraction of the latency-target model's count as equal.
 EQUAL_LATENCY_TOLERANCE = 0.02
+#: How far past the nearest try the next one goes when the secant would repeat a try.
+REPEAT_STEP = 0.02
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -95,11 +97,11 @@ def run_model(name: str, cache: str) -> dict:
 
 
 def _nearest_pair(tries: list[dict]) -> tuple[dict, dict, bool]:
-    """The two tries nearest to equal latency (relative 1): one on each side when the tries bracket it."""
+    """The two tries nearest to equal latency (relative 1): the tightest bracket in MACs when the tries bracket it."""
     below = [t for t in tries if t["relative"] <= 1]
     above = [t for t in tries if t["relative"] > 1]
     if below and above:
-        return max(below, key=lambda t: t["relative"]), min(above, key=lambda t: t["relative"]), True
+        return max(below, key=lambda t: t["macs_fraction"]), min(above, key=lambda t: t["macs_fraction"]), True
     first, second = sorted(tries, key=lambda t: abs(t["relative"] - 1))[:2]
     return first, second, False
 
@@ -113,12 +115,23 @@ def _secant(a: dict, b: dict) -> float | None:
 
 
 def _next_macs(tries: list[dict]) -> float:
-    """The next MACs fraction to try: proportional after one try (latency taken as MACs-proportional), secant after."""
+    """The next MACs fraction to try: proportional after one try (latency taken as MACs-proportional), secant after.
+
+    A guess already tried (latency is step-shaped in MACs, so the secant can return to a step) is replaced
+    by the midpoint of the bracketing tries, or by a step past the nearest try when nothing brackets.
+    """
     guess = None
     if len(tries) >= 2:
         guess = _secant(*_nearest_pair(tries)[:2])
     if guess is None:
         guess = tries[-1]["macs_fraction"] / tries[-1]["relative"]
+    guess = round(min(0.95, max(0.05, guess)), 4)
+    if any(abs(guess - t["target_macs"]) < 1e-3 for t in tries):
+        a, b, bracketed = _nearest_pair(tries)
+        if bracketed:
+            guess = (a["macs_fraction"] + b["macs_fraction"]) / 2
+        else:
+            guess = a["macs_fraction"] + (REPEAT_STEP if a["relative"] < 1 else -REPEAT_STEP)
     return round(min(0.95, max(0.05, guess)), 4)
 
 
