@@ -128,7 +128,7 @@ def run_config(name: str, method: str, amount: float, allocation: str | None, mo
                                  data=DATA if allocation == "sensitivity" else None).apply(copy.deepcopy(model))
         pruned, ratio = result.model, result.details.get("ratio")
         extra = {"allocation": allocation, "prune_seconds": round(time.perf_counter() - start, 1),
-                 **{k: result.details[k] for k in ("layer_ratios", "predicted_loss", "sensitivity")
+                 **{k: result.details[k] for k in ("layer_ratios", "predicted_loss", "sensitivity", "spread", "candidates")
                     if k in result.details}}
     else:
         pruned, ratio = L1Unstructured(ratio=amount)(copy.deepcopy(model)), amount
@@ -192,7 +192,8 @@ def allocation_summary(report: dict) -> list[str]:
         line = (f"- {target}: sensitivity allocation at MACs {sens['macs'] / report['baseline']['macs']:.3f}, "
                 f"fine-tuned {100 * (sens['finetuned'] - base):+.2f} points from the baseline; "
                 f"analysis {cost.get('seconds', 0):.0f} s ({cost.get('measured', 0)} points measured, "
-                f"{cost.get('cached', 0)} from the cache)")
+                f"{cost.get('cached', 0)} from the cache), spread {sens.get('spread', 0):g} chosen among "
+                f"{len(sens.get('candidates', [])) or 1} measured allocation(s)")
         if uniform is not None:
             line += (f"; before fine-tuning sensitivity {sens['pruned']:.2%} / {sens['recalibrated']:.2%} "
                      f"(after pruning / after recalibration) against uniform {uniform['pruned']:.2%} / "
@@ -290,9 +291,13 @@ def main() -> None:
             "measured by optkit.analysis.sensitivity (each group pruned alone at 0.25/0.5/0.75 and scored on 512 "
             "images of the validation split, never the test split; the allocation's loss is the mean KL from the "
             "baseline after BN recalibration plus the top-1 disagreement before it, each over its total across "
-            "the points, so the allocation serves the model as pruned and as recalibrated); the cost of "
+            "the points, so the allocation serves the model as pruned and as recalibrated; allocations at spreads "
+            "0/0.25/0.5/0.75, from the curves alone to a mostly even cut, are each pruned and scored whole on the "
+            "same 512 images, and the least measured loss is kept: the row's `spread` and `candidates`); the cost of "
             "that analysis is the row's `sensitivity` entry (the second target reads it from the cache). "
-            "Unstructured rows: L1Unstructured at that ratio.",
+            "Unstructured rows: L1Unstructured at that ratio. 'After pruning' includes StructuredPrune's default "
+            "data-free bias correction (the removed channels' expected contribution and variance share, from the "
+            "BatchNorms that produce them, given back to the next BatchNorm or bias).",
             *args.note,
         ],
     }

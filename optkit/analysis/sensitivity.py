@@ -37,6 +37,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 SENSITIVITY_SPLIT = "val"
 #: Part of the cache key: bumped when what a point measures changes.
-SCORING_VERSION = 4
+SCORING_VERSION = 5
 METRICS = ("kl", "accuracy")
 #: With ``metric="accuracy"``, KL breaks ties between groups whose accuracy did not move (noise on a small subset).
 KL_TIE_BREAK = 1e-3
@@ -135,6 +136,8 @@ class Sensitivity:
         unmeasured: group patterns the time budget left without any point.
         as_pruned_weight: weight of the as-pruned loss in :meth:`loss` (0: the recalibrated loss alone,
             in the metric's own units).
+        score_model: scores a whole pruned model (a copy is recalibrated) on the same subset as the
+            points, as a :class:`Point` with ``ratio`` 0; ``None`` for an analysis made by hand.
     """
 
     curves: list[Curve]
@@ -146,6 +149,7 @@ class Sensitivity:
     unmeasured: list[str]
     settings: dict[str, Any]
     as_pruned_weight: float = 0.0
+    score_model: Callable[[nn.Module], Point] | None = field(default=None, repr=False, compare=False)
 
     def loss(self, point: Point) -> float:
         """The point's predicted loss: recalibrated and, weighted, as pruned, each scaled by its total.
@@ -157,6 +161,19 @@ class Sensitivity:
             return recalibrated
         recalibrated_total, as_pruned_total = self._totals
         return recalibrated / recalibrated_total + self.as_pruned_weight * (1 - point.as_pruned_agreement) / as_pruned_total
+
+    def losses_among(self, points: list[Point]) -> list[float]:
+        """Each point's loss as in :meth:`loss`, but with the totals taken over ``points`` alone.
+
+        For comparing whole pruned models (candidate allocations) with each other.
+        """
+        recalibrated = [self.recalibrated_loss(p) for p in points]
+        if not self.as_pruned_weight:
+            return recalibrated
+        as_pruned = [1 - p.as_pruned_agreement for p in points]
+        recalibrated_total, as_pruned_total = sum(recalibrated) or 1.0, sum(as_pruned) or 1.0
+        return [r / recalibrated_total + self.as_pruned_weight * a / as_pruned_total
+                for r, a in zip(recalibrated, as_pruned)]
 
     def recalibrated_loss(self, point: Point) -> float:
         """The point's loss by :attr:`metric`, measured from :attr:`baseline` (the unpruned model recalibrated)."""
@@ -257,29 +274,46 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPr
     cost = {"seconds": round(time.perf_counter() - start, 2), **counts}
     summary = {**dataclasses.asdict(settings), "input_shape": list(shape), "round_to": template.round_to,
                "importance": template.importance}
+
+    def score_model(pruned: nn.Module) -> Point:
+        import copy
+
+        from optkit.analysis.metrics import count_macs
+
+        candidate = copy.deepcopy(pruned)
+        scores = _scored(candidate, eval_set, calibration, reference, settings.batch_size)
+        return Point(ratio=0.0, kept=0, macs_fraction=round(count_macs(candidate, shape) / macs, 6), **scores)
+
     return Sensitivity(curves, groups, baseline, macs, settings.metric, cost, unmeasured, summary,
-                       settings.as_pruned_weight)
+                       settings.as_pruned_weight, score_model)
 
 
 def _measure(model: nn.Module, template: StructuredPrune, curve: Curve, ratio: float, eval_set, calibration,
              reference, macs: int, batch_size: int) -> dict[str, Any]:
     import copy
 
-    from optkit.analysis.evaluation import torch_logits
     from optkit.analysis.metrics import count_macs
-    from optkit.passes.batchnorm.passes import recalibrate_batchnorm
 
     candidate = copy.deepcopy(model)
     dataclasses.replace(template, layer_ratios={curve.pattern: ratio}).prune(candidate, 0.0)
-    as_pruned = _scores(torch_logits(candidate, eval_set, batch_size), eval_set, reference)
-    if calibration:
-        recalibrate_batchnorm(candidate, calibration)
-    scores = _scores(torch_logits(candidate, eval_set, batch_size), eval_set, reference) if calibration else as_pruned
+    scores = _scored(candidate, eval_set, calibration, reference, batch_size)
     root = candidate.get_submodule(template.submodule) if template.submodule else candidate
     layer = root.get_submodule(curve.pattern)
     kept = getattr(layer, "out_channels", getattr(layer, "out_features", curve.channels))
     return {"ratio": ratio, "kept": int(kept), "macs_fraction": round(count_macs(candidate, template.input_shape) / macs, 6),
-            **scores, **{f"as_pruned_{key}": value for key, value in as_pruned.items()}}
+            **scores}
+
+
+def _scored(candidate: nn.Module, eval_set, calibration, reference, batch_size: int) -> dict[str, float]:
+    """Scores of ``candidate`` as it is, then recalibrated (in place): the fields of a :class:`Point` that score."""
+    from optkit.analysis.evaluation import torch_logits
+    from optkit.passes.batchnorm.passes import recalibrate_batchnorm
+
+    as_pruned = _scores(torch_logits(candidate, eval_set, batch_size), eval_set, reference)
+    if calibration:
+        recalibrate_batchnorm(candidate, calibration)
+    scores = _scores(torch_logits(candidate, eval_set, batch_size), eval_set, reference) if calibration else as_pruned
+    return {**scores, **{f"as_pruned_{key}": value for key, value in as_pruned.items()}}
 
 
 def _recalibrated(model: nn.Module, calibration: list) -> nn.Module:
@@ -328,7 +362,8 @@ def _cache_key(model: nn.Module, settings: SensitivitySettings, template: Struct
     described = {"method": SCORING_VERSION, "model": fingerprint(model), "data": settings.data, "samples": settings.samples,
                  "calibration_samples": settings.calibration_samples, "shape": list(shape),
                  "prune": {k: repr(getattr(template, k)) for k in ("round_to", "importance", "ignored_layers",
-                                                                    "submodule", "data", "calibration_batches")},
+                                                                    "submodule", "data", "calibration_batches",
+                                                                    "bias_correction")},
                  "optkit": __version__, "torch_pruning": torch_pruning.__version__}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -32,7 +32,7 @@ def write_outputs(folder: Path, sensitivity: Sensitivity, recipe_pass: Structure
 
     summary = {"model": model_spec, **sensitivity.to_dict(),
                "allocation": {k: allocation[k] for k in ("target_fraction", "achieved_fraction", "predicted_loss",
-                                                         "layer_ratios")}}
+                                                         "layer_ratios", "spread", "candidates") if k in allocation}}
     (folder / "sensitivity.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (folder / "sensitivity.md").write_text(markdown(sensitivity, allocation, model_spec), encoding="utf-8")
     plot(sensitivity, folder / "sensitivity.png", model_spec)
@@ -65,12 +65,28 @@ def markdown(sensitivity: Sensitivity, allocation: dict[str, Any], model_spec: s
     cost = sensitivity.cost
     lines += ["", f"Allocation for MACs {allocation['target_fraction']:g}: achieved "
               f"{allocation['achieved_fraction']:.3f}, predicted loss {allocation['predicted_loss']:.4f}"
-              "; recipe.toml holds its layer_ratios.",
+              "; recipe.toml holds its layer_ratios.", *_candidate_lines(allocation),
               f"Cost: {cost['seconds']:.1f} s, {cost['measured']} points measured, {cost['cached']} from the cache."]
     if sensitivity.unmeasured:
         lines.append(f"Time budget reached: {len(sensitivity.unmeasured)} group(s) not measured and not pruned "
                      f"({', '.join(sensitivity.unmeasured)}).")
     return "\n".join(lines) + "\n"
+
+
+def _candidate_lines(allocation: dict[str, Any]) -> list[str]:
+    candidates = [c for c in allocation.get("candidates", []) if "measured_loss" in c]
+    if len(candidates) < 2:
+        return []
+    lines = ["", "Allocations made and measured whole on the same images (spread: share of the loss that penalizes "
+             "uneven cuts); the least measured loss is kept:", "",
+             "| spread | MACs | predicted loss | agreement as pruned | agreement recalibrated | mean KL recalibrated "
+             "| measured loss |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in candidates:
+        mark = " (kept)" if c["spread"] == allocation.get("spread") else ""
+        lines.append(f"| {c['spread']:g}{mark} | {c['achieved_fraction']:.3f} | {c['predicted_loss']:.4f} | "
+                     f"{c['as_pruned_agreement']:.1%} | {c['agreement']:.1%} | {c['mean_kl']:.4f} | "
+                     f"{c['measured_loss']:.4f} |")
+    return lines + [""]
 
 
 def plot(sensitivity: Sensitivity, path: Path, model_spec: str) -> None:

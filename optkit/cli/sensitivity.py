@@ -109,7 +109,8 @@ def _print_summary(sensitivity, details: dict[str, Any], out_dir: str) -> None:
     cost = sensitivity.cost
     console.print(f"{cost['measured']} points measured, {cost['cached']} from the cache, {cost['seconds']:.1f} s.")
     console.print(f"Allocation for MACs {details['target_fraction']:g}: achieved {details['achieved_fraction']:.3f}, "
-                  f"predicted loss {details['predicted_loss']:.4f}.")
+                  f"predicted loss {details['predicted_loss']:.4f}; spread {details.get('spread', 0):g}, the least "
+                  f"measured loss of {len(details.get('candidates', [])) or 1} allocation(s) pruned and scored whole.")
     for note in details.get("notes", []):
         console.print(note, markup=False)
     click.echo(f"Wrote sensitivity.json, sensitivity.md, sensitivity.png, recipe.toml to {out_dir}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -206,3 +207,49 @@ def test_to_dict_is_json_ready():
     result = analyze(_model(), _settings(), _prune())
     data = json.loads(json.dumps(result.to_dict()))
     assert data["cost"]["measured"] == 6 and len(data["curves"]) == 3
+
+
+def test_spread_moves_the_allocation_towards_an_even_cut():
+    sensitivity, specs = _synthetic_sensitivity([0.01, 0.02, 0.03], [1.0, 2.0, 3.0])
+    assert allocate(sensitivity, specs, 0.6, round_to=8)[0] == [8, 24]
+    # Both groups have the same MACs share: with the penalty alone the cut is even.
+    assert allocate(sensitivity, specs, 0.6, round_to=8, spread=1.0)[0] == [16, 16]
+
+
+def test_losses_among_whole_models_divide_each_state_by_its_total_over_them():
+    sensitivity, _ = _synthetic_sensitivity([0.0] * 3, [0.0] * 3)
+    sensitivity.as_pruned_weight = 2.0
+    # recalibrated KL 0.1 and 0.3 (baseline 0); as-pruned disagreement 0.2 and 0.6
+    points = [Point(0.0, 0, 0.5, 0.9, 0.95, 0.1, 0.8, 0.8, 1.0), Point(0.0, 0, 0.5, 0.9, 0.9, 0.3, 0.5, 0.4, 2.0)]
+    assert sensitivity.losses_among(points) == pytest.approx([0.1 / 0.4 + 2 * 0.2 / 0.8, 0.3 / 0.4 + 2 * 0.6 / 0.8])
+
+
+def test_search_keeps_the_allocation_whose_pruned_model_measures_best():
+    from optkit.passes.prune.sensitivity_target import search
+
+    model = _model()
+    sensitivity = analyze(model, _settings(ratios=(0.25, 0.5, 0.75)), _prune())
+    settings = StructuredPrune(target_macs=0.5, allocation="sensitivity", data=DATA, round_to=8, input_shape=SHAPE)
+    details = search(settings, model, sensitivity).details
+    candidates = details["candidates"]
+    assert len(candidates) >= 2
+    # By hand: recalibrated KL above the baseline over its total, plus (weight 1) disagreement as pruned over its total.
+    kl = [max(0.0, c["mean_kl"] - sensitivity.baseline["mean_kl"]) for c in candidates]
+    disagreement = [1 - c["as_pruned_agreement"] for c in candidates]
+    losses = [k / (sum(kl) or 1) + d / (sum(disagreement) or 1) for k, d in zip(kl, disagreement)]
+    assert [c["measured_loss"] for c in candidates] == pytest.approx(losses, abs=1e-5)
+    assert details["spread"] == candidates[losses.index(min(losses))]["spread"]
+
+    # A scorer that makes the last candidate the best one: the search follows the measurement.
+    real_score, calls = sensitivity.score_model, []
+
+    def last_is_best(pruned):
+        calls.append(pruned)
+        perfect = len(calls) == len(candidates)
+        return dataclasses.replace(real_score(pruned), mean_kl=0.0 if perfect else 5.0,
+                                   as_pruned_agreement=1.0 if perfect else 0.0)
+
+    sensitivity.score_model = last_is_best
+    result = search(settings, model, sensitivity)
+    assert result.details["spread"] == candidates[-1]["spread"]
+    assert count_macs(result.model, SHAPE) == count_macs(calls[-1], SHAPE)

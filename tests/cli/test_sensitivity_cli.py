@@ -36,6 +36,10 @@ def test_sensitivity_writes_curves_and_a_recipe_that_reproduces_its_macs(runner,
     assert abs(achieved - 0.6) <= 0.02
     assert (out / "sensitivity.png").read_bytes().startswith(b"\x89PNG")
     assert "| group |" in (out / "sensitivity.md").read_text()
+    kept = [c for c in summary["allocation"]["candidates"] if c["spread"] == summary["allocation"]["spread"]]
+    assert len(kept) == 1 and kept[0]["achieved_fraction"] == pytest.approx(achieved, abs=1e-4)
+    if len(summary["allocation"]["candidates"]) > 1:
+        assert "(kept)" in (out / "sensitivity.md").read_text()
 
     run = tmp_path / "run"
     replay = runner.invoke(main, ["optimize", *MODEL, "--recipe", str(out / "recipe.toml"), "--out", str(run)],

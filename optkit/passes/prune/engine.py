@@ -49,6 +49,7 @@ class Options:
     global_: bool
     iterative_steps: int
     round_to: int
+    bias_correction: bool = False
 
 
 def matching(root: nn.Module, patterns: Iterable[str]) -> list[str]:
@@ -201,9 +202,16 @@ def hold_unprunable_grouped_convs(graph: Any, held: dict[Any, str]) -> None:
                 held.setdefault(dep.target.module, f"its outputs feed {name}, {reason}")
 
 
-def run_plan(plan: Plan, before_step: Callable[[], None] | None = None) -> set:
-    """Prune in ``iterative_steps`` steps; returns the modules whose channels were pruned."""
+def run_plan(plan: Plan, before_step: Callable[[], None] | None = None, bias_correction: bool = False) -> set:
+    """Prune in ``iterative_steps`` steps; returns the modules whose channels were pruned.
+
+    With ``bias_correction`` the expected contribution of removed input
+    channels is given back to the layers that lose them (see
+    :mod:`optkit.passes.prune.compensation`).
+    """
     import torch
+
+    from optkit.passes.prune import compensation
 
     pruned: set = set()
     for _ in range(plan.pruner.iterative_steps):
@@ -212,6 +220,9 @@ def run_plan(plan: Plan, before_step: Callable[[], None] | None = None) -> set:
         with torch.no_grad():
             for group in plan.pruner.step(interactive=True):
                 pruned.update(dep.target.module for dep, _ in group)
+                if bias_correction:
+                    for correction in compensation.corrections(plan.pruner.DG, group):
+                        compensation.apply(plan.pruner.DG, correction)
                 group.prune()
     plan.support.finish(plan.root)
     return pruned
@@ -227,14 +238,14 @@ def prune_tree(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
     """
     plan = build_plan(root, inputs, options, held, overrides, submodule)
     plans = [plan]
-    changed = prunable_modules(plan) if dry_run else run_plan(plan, before_step)
+    changed = prunable_modules(plan) if dry_run else run_plan(plan, before_step, options.bias_correction)
     if plan.support.subgraphs:
         sub_inputs = capture_inputs(root, inputs, plan.support.subgraphs)
         for name in plan.support.subgraphs:
             sub_plan = build_plan(root.get_submodule(name), sub_inputs[name], options, held, overrides,
                                   f"{submodule}.{name}" if submodule else name)
             plans.append(sub_plan)
-            changed |= prunable_modules(sub_plan) if dry_run else run_plan(sub_plan, before_step)
+            changed |= prunable_modules(sub_plan) if dry_run else run_plan(sub_plan, before_step, options.bias_correction)
     return skipped_report(root, plans, changed, options.round_to)
 
 

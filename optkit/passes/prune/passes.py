@@ -135,6 +135,9 @@ class StructuredPrune(Pass):
                                     "its outputs; detection and segmentation models default to their backbone.")
     data: str | None = calib_data_setting(help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for taylor "
                                           "importance and sensitivity allocation.")
+    bias_correction: bool = setting(True, help="Give back the expected contribution of removed channels that come "
+                                    "out of a BatchNorm (estimated from its weight and bias, no data needed) to the "
+                                    "layers that read them, so the model works better straight after pruning.")
     calibration_batches: int = setting(4, help="How many batches taylor importance uses.", low=1)
     batch_size: int = setting(16, help="Batch size when reading data.", low=1)
     calibration: Any = setting(None, help="Python only: (inputs, targets) batches for taylor importance.",
@@ -198,7 +201,7 @@ class StructuredPrune(Pass):
         job = _fallback.Job(
             model=model, root_name=submodule or "", model_inputs=example_input(model, shape), root_inputs=inputs,
             options=_engine.Options(_importance(self.importance), ratio, self.allocation == "global",
-                                    self.iterative_steps, self.round_to),
+                                    self.iterative_steps, self.round_to, self.bias_correction),
             held={names[m]: reason for m, reason in held.items()},
             overrides={names[m]: value for m, value in overrides.items()}, submodule=submodule,
             before_step=self._taylor_gradients() if self.importance == "taylor" else None,

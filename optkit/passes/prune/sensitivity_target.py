@@ -11,6 +11,12 @@ per-group ratios are pruned by the ordinary
 MACs fraction corrects the aim (at most
 :data:`~optkit.passes.prune.allocation.MAX_CORRECTIONS` times) until it is
 within ``target_tolerance``.
+
+The curves are measured one group at a time, so they cannot see errors that
+compound when many groups are cut far at once. The search therefore makes a
+few allocations, from the curves alone to one that mostly spreads the cut
+evenly (:data:`SPREADS`), scores each pruned copy whole on the analysis's
+subset, and keeps the one with the least measured loss.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ if TYPE_CHECKING:
     from optkit.analysis.sensitivity import Curve, Sensitivity
 
 
+SPREADS = (0.0, 0.25, 0.5, 0.75)
+
+
 def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = None) -> PassResult:
     """Prune a copy of ``model`` to ``settings.target_macs`` with per-group ratios chosen by sensitivity.
 
@@ -37,9 +46,18 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
     analysis already made for it (default: :func:`~optkit.analysis.sensitivity.analyze` with default
     :class:`~optkit.analysis.sensitivity.SensitivitySettings` on ``settings.data``).
 
+    The curves predict each group's loss alone; pruned together, far, the groups' errors compound,
+    and an allocation that concentrates the cut can do worse than its prediction. So one
+    allocation is made per :data:`SPREADS` value (how much of the loss is a penalty on uneven
+    cuts: 0 is the curves alone), each pruned copy is scored on the analysis's subset as pruned
+    and recalibrated, and the one with the least measured loss is kept (each state's loss over
+    its total among the candidates, as the points' are). An analysis made by hand, which cannot
+    score models, gives the first candidate.
+
     Returns:
         the pruned copy, with details: ``allocation``, ``target_fraction``, ``achieved_fraction``,
         ``predicted_loss`` (summed over groups, in the analysis's metric), ``layer_ratios``, ``tries``,
+        ``spread`` and ``candidates`` (each allocation tried, with its measured scores),
         ``sensitivity`` (its cost and unmeasured groups) and the chosen prune's details.
     """
     from optkit.analysis.latency_table import layer_specs
@@ -52,18 +70,28 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
         sensitivity = analyze(model, SensitivitySettings(data=settings.data), run)
     target = settings.target_macs
     specs = layer_specs(model, shape)
+    spreads = SPREADS if sensitivity.score_model is not None else SPREADS[:1]
+    candidates: list[tuple] = []
     tries: list[dict[str, float]] = []
-    best = None
-    round_to = settings.round_to
-    while True:
-        best = _corrected(model, run, sensitivity, specs, target, round_to, tries, best)
-        if abs(best[0] - target) <= settings.target_tolerance or round_to == 1:
-            break
-        round_to = max(1, round_to // 2)
-    achieved, pruned, details, ratios, predicted_loss, round_to = best
+    for spread in spreads:
+        best = None
+        round_to = settings.round_to
+        while True:
+            best = _corrected(model, run, sensitivity, specs, target, round_to, tries, best, spread)
+            if abs(best[0] - target) <= settings.target_tolerance or round_to == 1:
+                break
+            round_to = max(1, round_to // 2)
+        if any(c[1][3] == best[3] for c in candidates):
+            continue
+        scored = sensitivity.score_model(best[1]) if len(spreads) > 1 else None
+        candidates.append((spread, best, scored))
+    measured = sensitivity.losses_among([c[2] for c in candidates]) if len(candidates) > 1 else [0.0]
+    chosen = min(range(len(candidates)), key=lambda i: measured[i])
+    spread, (achieved, pruned, details, ratios, predicted_loss, round_to), _ = candidates[chosen]
     details.update({"allocation": "sensitivity", "target": "macs", "target_fraction": target,
                     "achieved_fraction": round(achieved, 4), "predicted_loss": round(predicted_loss, 6),
-                    "metric": sensitivity.metric, "layer_ratios": ratios, "round_to": round_to,
+                    "metric": sensitivity.metric, "layer_ratios": ratios, "round_to": round_to, "spread": spread,
+                    "candidates": [_candidate_summary(c, loss) for c, loss in zip(candidates, measured)],
                     "tries": tries, "sensitivity": {**sensitivity.cost, "unmeasured": sensitivity.unmeasured}})
     notes = details.setdefault("notes", [])
     if sensitivity.unmeasured:
@@ -74,29 +102,41 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
     return PassResult(pruned, details)
 
 
+def _candidate_summary(candidate: tuple, measured_loss: float) -> dict[str, Any]:
+    spread, best, scored = candidate
+    summary = {"spread": spread, "achieved_fraction": round(best[0], 4), "predicted_loss": round(best[4], 6)}
+    if scored is not None:
+        summary.update(measured_loss=round(measured_loss, 6), agreement=scored.agreement, mean_kl=scored.mean_kl,
+                       as_pruned_agreement=scored.as_pruned_agreement)
+    return summary
+
+
 def _corrected(model: nn.Module, run: Pass, sensitivity: Sensitivity, specs: dict[str, dict[str, Any]],
-               target: float, round_to: int, tries: list[dict[str, float]], best: tuple | None) -> tuple:
+               target: float, round_to: int, tries: list[dict[str, float]], best: tuple | None,
+               spread: float) -> tuple:
     """Allocate at ``round_to``, prune a copy, correct the aim by the achieved MACs; the closest try so far."""
     from optkit.analysis.metrics import count_macs
 
     aim = target
     for _ in range(MAX_CORRECTIONS + 1):
-        kept, predicted_loss = allocate(sensitivity, specs, aim, round_to, slack=run.target_tolerance)
+        kept, predicted_loss = allocate(sensitivity, specs, aim, round_to, slack=run.target_tolerance, spread=spread)
         ratios = ratios_for(sensitivity.groups, kept)
         candidate = copy.deepcopy(model)
         details = dataclasses.replace(run, layer_ratios=ratios or None, round_to=round_to).prune(candidate, 0.0)
         achieved = count_macs(candidate, run.input_shape) / sensitivity.macs
-        tries.append({"aim": round(aim, 4), "round_to": round_to, "achieved_fraction": round(achieved, 4)})
+        tries.append({"spread": spread, "aim": round(aim, 4), "round_to": round_to,
+                      "achieved_fraction": round(achieved, 4)})
         if best is None or abs(achieved - target) < abs(best[0] - target):
             best = (achieved, candidate, details, ratios, predicted_loss, round_to)
         if abs(achieved - target) <= run.target_tolerance:
             break
-        aim = next_aim([(t["aim"], t["achieved_fraction"]) for t in tries if t["round_to"] == round_to], target)
+        aim = next_aim([(t["aim"], t["achieved_fraction"]) for t in tries
+                        if t["round_to"] == round_to and t["spread"] == spread], target)
     return best
 
 
 def allocate(sensitivity: Sensitivity, specs: dict[str, dict[str, Any]], target: float,
-             round_to: int, slack: float = 0.0) -> tuple[list[int], float]:
+             round_to: int, slack: float = 0.0, spread: float = 0.0) -> tuple[list[int], float]:
     """Kept channels per group (in ``sensitivity.groups`` order) predicted to reach MACs ``target``.
 
     Args:
@@ -106,9 +146,13 @@ def allocate(sensitivity: Sensitivity, specs: dict[str, dict[str, Any]], target:
         round_to: channels go this many at a time.
         slack: how far below ``target`` (a MACs fraction) the prediction may land (see
             :func:`~optkit.passes.prune.allocation.shrink`).
+        spread: share of the loss that is a penalty on uneven cuts, ``macs_share * removed**2`` per
+            group (its marginal cost per MAC is the same for every group at the same fraction
+            removed, so alone it gives a uniform cut); each part is divided by its total over the
+            measured points.
 
     Returns:
-        the kept counts and their summed predicted loss.
+        the kept counts and their summed predicted loss (the curves' part, in the metric's units).
     """
     full = {name: (spec["in"], spec["out"]) for name, spec in specs.items()}
     layer_macs = sum(spec["macs"] for spec in specs.values())
@@ -120,10 +164,20 @@ def allocate(sensitivity: Sensitivity, specs: dict[str, dict[str, Any]], target:
 
     curves = sensitivity.curves
     loss = [_loss_curve(sensitivity, c) for c in curves]
+    points = [(c, p) for c in curves for p in c.points]
+    curves_total = sum(sensitivity.loss(p) for _, p in points) or 1.0
+    penalty_total = sum(c.macs_share * (1 - p.kept / c.channels) ** 2 for c, p in points) or 1.0
+
+    def blended(i: int, k: int) -> float:
+        removed = 1 - k / curves[i].channels
+        if not spread:
+            return loss[i](removed)
+        return ((1 - spread) * loss[i](removed) / curves_total
+                + spread * curves[i].macs_share * removed ** 2 / penalty_total)
+
     max_removed = [max((1 - p.kept / c.channels for p in c.points), default=0.0) for c in curves]
     kept = shrink(sensitivity.groups, full, cost, target * sensitivity.macs - other, round_to=round_to,
-                  loss=lambda i, k: loss[i](1 - k / curves[i].channels), max_removed=max_removed,
-                  slack=slack * sensitivity.macs)
+                  loss=blended, max_removed=max_removed, slack=slack * sensitivity.macs)
     return kept, sum(loss[i](1 - k / curves[i].channels) for i, k in enumerate(kept))
 
 

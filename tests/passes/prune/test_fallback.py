@@ -89,8 +89,8 @@ def test_callers_model_is_unchanged_when_pruning_fails_midway(monkeypatch):
     model = Net(block=nn.Identity())
     before, ids = snapshot(model), [id(m) for m in model.modules()]
 
-    def prune_then_fail(plan, before_step=None):
-        real_run_plan(plan, before_step)
+    def prune_then_fail(plan, *args):
+        real_run_plan(plan, *args)
         raise RuntimeError("injected failure after the copy was pruned")
 
     real_run_plan = _engine.run_plan
