@@ -11,8 +11,10 @@ such branches (a residual add of two BatchNorm outputs) about
 ``N(beta_1 + beta_2, gamma_1^2 + gamma_2^2)``. Pointwise activations after
 that (ReLU, SiLU, GELU, ...) are averaged over the normal by quadrature, and
 average pooling, dropout and flattening a 1x1 map keep the mean. The
-expected contribution is then added to the layer's bias, or subtracted from
-the running mean of the BatchNorm that reads it.
+expected contribution is then subtracted from the running mean of the
+BatchNorm that reads the layer's output, whose running variance is also
+scaled by the share of it the kept inputs carry (inputs taken as
+independent), or, with no such BatchNorm, added to the layer's bias.
 
 The same correction for quantization error is described by Nagel et al.,
 "Data-Free Quantization Through Weight Equalization and Bias Correction"
@@ -62,8 +64,8 @@ def corrections(graph: Any, group: Any) -> list[Correction]:
         if moments is None:
             continue
         means, variances = moments
-        removed = torch.zeros(weight.shape[1], dtype=torch.bool)
-        removed[torch.as_tensor([int(i) for i in idxs], dtype=torch.long)] = True
+        removed = torch.zeros(weight.shape[1], dtype=torch.bool, device=weight.device)
+        removed[torch.as_tensor([int(i) for i in idxs], dtype=torch.long, device=weight.device)] = True
         shift = weight.sum(2)[:, removed] @ means[removed].to(weight.dtype)
         ratio = None
         if variances is not None:
@@ -91,7 +93,7 @@ class Correction:
 
 
 def apply(graph: Any, correction: Correction) -> bool:
-    """Undo ``correction`` in the layer's bias, or in the BatchNorm that alone reads its output.
+    """Undo ``correction`` in the BatchNorm that alone reads the layer's output, or else in the layer's bias.
 
     The BatchNorm's running mean moves by the shift and, when the variance
     ratio is known, its running variance scales by it.
@@ -194,7 +196,7 @@ def _gaussian_moments(function, mean: torch.Tensor, std: torch.Tensor) -> tuple[
     """Mean and variance of ``function(mean + std * z)`` per channel, ``z ~ N(0, 1)``, on a grid over +-8 std."""
     import torch
 
-    z = torch.linspace(-8.0, 8.0, _QUADRATURE_POINTS, dtype=torch.float64)
+    z = torch.linspace(-8.0, 8.0, _QUADRATURE_POINTS, dtype=torch.float64, device=mean.device)
     weights = torch.exp(-0.5 * z * z)
     weights /= weights.sum()
     values = function(mean.double()[None, :] + std.double()[None, :] * z[:, None])
