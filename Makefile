@@ -53,7 +53,7 @@ data:
 # recalibrates and fine-tunes it for one epoch, and scores it on the test split before and
 # after; without the dataset it prunes a random-weight ResNet-18 instead and says why.
 DEMO_MODEL := optkit/demo/fashion_resnet.pt
-DEMO_TRAINED := $(BIN)/optkit optimize $(DEMO_MODEL) --target-macs 0.5 --round-to 2 \
+DEMO_TRAINED := $(BIN)/optkit optimize $(DEMO_MODEL) --target-macs 0.5 \
 	--recalibrate-bn 20 --calib-data fashion-mnist --finetune fashion-mnist --epochs 1 --train-amp bf16 \
 	--eval fashion-mnist --export onnx --latency --out runs/demo --force
 DEMO_RANDOM := $(BIN)/optkit optimize torchvision:resnet18 --prune 0.3 --export onnx --latency --out runs/demo --force

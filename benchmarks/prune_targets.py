@@ -61,13 +61,15 @@ def main() -> None:
     lines = ["# Structured pruning to a MACs target", "", f"Command: `{command}`", "",
              f"`StructuredPrune(target_macs={TARGET})` with default settings (L1 importance, round_to "
              f"{DEFAULT_ROUND_TO}, tolerance 0.01). Each try prunes a fresh copy; when round_to steps over the "
-             "target, the search is repeated with round_to halved and says so in the report. Random-init weights "
+             "target with one ratio, groups are cut by different multiples of round_to, as evenly as the steps allow "
+             "(ratio column: per group), and only if that misses too is round_to halved (the report says so). "
+             "Random-init weights "
              f"except the Fashion-MNIST baseline. {machine['torch_threads']} torch thread(s), load average at the end "
              f"{machine['load_average']} (the seconds are this run's, not a timing benchmark).", "",
              f"| model | input | achieved MACs fraction | within ±{TOLERANCE} | ratio | round_to used | tries | seconds |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {'×'.join(map(str, r['input_shape'][1:]))} | {r['achieved_macs_fraction']:.4f} | "
-              f"{'yes' if r['within_tolerance'] else 'no'} | {r['ratio']} | {r['round_to']} | {len(r['tries'])} | "
+              f"{'yes' if r['within_tolerance'] else 'no'} | {'per group' if r['ratio'] is None else r['ratio']} | {r['round_to']} | {len(r['tries'])} | "
               f"{r['seconds']} |" for r in rows]
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_text(RESULTS / "prune_targets.json", json.dumps({"command": command, "machine": machine, "models": rows}, indent=1) + "\n")

@@ -56,8 +56,8 @@ def test_markdown_has_every_section():
     assert "| Parameters | 1,000 | 500 | 0.500× |" in text
     assert "| MACs | 10,000 | 4,000 | 0.400× |" in text
     assert "| File size (MB) | 4.00 | 2.00 | 0.500× |" in text
-    assert "| Latency median (ms) | 10.00 | 6.00 | 0.600× |" in text
-    assert "| Latency p90 (ms) | 11.00 | 6.60 | 0.600× |" in text
+    assert "| PyTorch ms, median | 10.00 | 6.00 | 0.600× |" in text
+    assert "| PyTorch ms, p90 | 11.00 | 6.60 | 0.600× |" in text
     assert "| Accuracy | 90.00% | 88.50% | -1.50 pts |" in text
     assert "Accuracy measured on fashion-mnist test." in text
     assert "| structured_prune | 1.25 |" in text
@@ -142,7 +142,7 @@ def test_optimize_writes_markdown_and_plot(tmp_path, pass_):
     assert (tmp_path / "channels.png").read_bytes()[:8] == PNG_MAGIC
     text = (tmp_path / "report.md").read_text()
     assert json.loads((tmp_path / "report.json").read_text()) == report
-    assert "](channels.png)" in text and "## Passes" in text and "| Latency median (ms) |" in text
+    assert "](channels.png)" in text and "## Passes" in text and "| PyTorch ms, median |" in text
     for side in ("before", "after"):
         assert report["latency"][side]["engine"] == "torch" and report["latency"][side]["repeats"] == 20
         assert 0 < report["latency"][side]["median_ms"] <= report["latency"][side]["p90_ms"]

@@ -33,7 +33,8 @@ def test_report_figures_equal_an_independent_evaluation_of_the_saved_files(runne
                                   "1,3,32,32", "--prune", "0.3", "--export", "onnx", "--eval", SPEC,
                                   "--eval-samples", "150", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    evaluation = json.loads((out / "report.json").read_text())["evaluation"]
+    report = json.loads((out / "report.json").read_text())
+    evaluation = report["evaluation"]
     stages = {row["stage"]: row for row in evaluation["stages"]}
     assert list(stages) == ["original", "after structured_prune", "model.onnx (ONNX Runtime)"]
     assert evaluation["samples"] == 150 and evaluation["split"] == "test"
@@ -42,6 +43,13 @@ def test_report_figures_equal_an_independent_evaluation_of_the_saved_files(runne
     with torch.no_grad():
         saved = _independent_accuracy(lambda x: model(x)[0], 150)
     assert stages["after structured_prune"]["accuracy"] == pytest.approx(saved, abs=1e-12)
+    # The summary's accuracy row is the same test images, before and after (not the fine-tune's val split).
+    assert report["accuracy"]["after"] == pytest.approx(saved, abs=1e-12)
+    assert report["accuracy"]["before"] == stages["original"]["accuracy"]
+    assert "150 test images" in report["accuracy"]["dataset"]
+    drop = (report["accuracy"]["after"] - report["accuracy"]["before"]) * 100
+    assert f"| Accuracy | {report['accuracy']['before']:.2%} | {saved:.2%} | {drop:+.2f} pts |" in (
+        out / "report.md").read_text()
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     onnx = _independent_accuracy(lambda x: np.asarray(session.run(None, {name: x.numpy()})[0][0]), 150)

@@ -31,8 +31,40 @@ def test_the_report_puts_the_realized_speedup_next_to_the_macs_ratio(runner, tmp
     assert "Latency was not measured" not in " ".join(report["notes"])
 
 
+def test_a_model_faster_than_the_per_call_cost_is_also_timed_at_a_larger_batch(runner, tmp_path, monkeypatch):
+    from optkit import workflow
+
+    # Every model counts as tiny: the rule, not this machine's speed, decides that a second batch is timed.
+    monkeypatch.setattr(workflow, "OVERHEAD_BOUND_MS", 1e9)
+    monkeypatch.setattr(workflow, "COMPUTE_MS", 1e9)
+    monkeypatch.setattr(workflow, "MAX_COMPUTE_BATCH", 4)
+    result = _optimize(runner, tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    larger = report["onnx_latency"]["at_batch"]
+    assert larger["batch_size"] == 4
+    before, after = larger["before"]["median_ms"], larger["after"]["median_ms"]
+    assert larger["speedup"] == pytest.approx(before / after, rel=1e-2)
+    assert larger["before"]["input_shape"][0] == larger["batch_size"]
+    text = (tmp_path / "o" / "report.md").read_text()
+    assert f"ONNX Runtime ms ({os.cpu_count()} thr, batch {larger['batch_size']})" in text
+    assert any(f"also timed at batch {larger['batch_size']}" in n for n in report["notes"])
+
+
 def test_no_latency_skips_the_timing(runner, tmp_path):
     result = _optimize(runner, tmp_path / "o", "--no-latency")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert "onnx_latency" not in report
+
+
+def test_only_files_with_a_symbolic_batch_take_the_larger_batch(tmp_path):
+    import torch
+
+    from optkit.export.onnx import export_onnx
+    from optkit.workflow import _takes_any_batch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    export_onnx(model, tmp_path / "any.onnx", (1, 3, 8, 8), dynamic_batch=True)
+    export_onnx(model, tmp_path / "fixed.onnx", (1, 3, 8, 8), dynamic_batch=False)
+    assert _takes_any_batch(tmp_path / "any.onnx") and not _takes_any_batch(tmp_path / "fixed.onnx")

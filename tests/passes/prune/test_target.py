@@ -24,6 +24,21 @@ def test_small_model_lands_within_two_hundredths_with_default_settings():
         assert any(f"round_to {DEFAULT_ROUND_TO} could not reach macs 0.5" in note for note in result.details["notes"])
 
 
+@pytest.mark.parametrize("target", [0.5, 0.33, 0.7])
+def test_a_coarse_round_to_reaches_the_target_with_aligned_counts(target):
+    # FashionResNet's widths are 32/64/128: one ratio at round_to 16 jumps between MACs 0.26 and 0.57, so
+    # hitting 0.5 takes different multiples of 16 per group, not finer rounding (unaligned counts run
+    # slower in ONNX Runtime than the unpruned model).
+    model = FashionResNet()
+    before = count_macs(model, SHAPE)
+    result = StructuredPrune(target_macs=target, input_shape=SHAPE, round_to=16).apply(model)
+    assert count_macs(result.model, SHAPE) / before == pytest.approx(target, abs=0.01)
+    assert result.details["round_to"] == 16
+    widths = [m.out_channels for m in result.model.modules() if isinstance(m, nn.Conv2d)]
+    assert all(w % 16 == 0 for w in widths), widths
+    assert widths != [m.out_channels for m in FashionResNet().modules() if isinstance(m, nn.Conv2d)]
+
+
 def test_a_target_out_of_reach_is_said_in_one_line():
     # Only the classifier's input channels can go, so no ratio takes MACs near 0.1.
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
