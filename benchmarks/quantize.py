@@ -68,8 +68,9 @@ FASHION_SHAPE = (1, 1, 28, 28)
 NOTES = [
     "Random-init weights and random calibration inputs: the zoo's INT8 files are for timing; their top-1 agreement "
     "with FP32 on random inputs is listed but not enforced. Accuracy claims come from the Fashion-MNIST part only.",
-    "The op groups that quantize_onnx kept in FP32 (their INT8 kernels measured slower, timed at 1 thread, batch 1) "
-    "are listed per model.",
+    "What quantize_onnx kept in FP32 because its INT8 kernels measured slower (timed at 1 thread, batch 1) is listed "
+    "per model, for the INT8 and the pruned INT8 file: op groups, then single nodes found by ONNX Runtime's profiler "
+    "and confirmed by timing the whole model (their names are in quantize.json).",
     "Speedups are FP32 median / variant median at the same batch and thread count, all four files timed in "
     "alternating blocks (one session alive at a time, spinning thread pools). Runs before 2026-12-03 10:00 UTC kept "
     "all four sessions alive with spinning off, which charged every operator a thread wake-up at 2 threads.",
@@ -97,7 +98,8 @@ def bench_model(name: str, args, scratch: Path) -> dict:
     for source, target in (("fp32", "int8"), ("pruned_fp32", "pruned_int8")):
         result = quantize_onnx(paths[source], paths[target], int8_settings(name), input_shape=INPUT_SHAPE,
                                cache_path=cache)
-        entry[target] = {"fp32_op_types": result.fp32_op_types, "op_gains": result.op_gains,
+        entry[target] = {"fp32_op_types": result.fp32_op_types, "fp32_nodes": result.fp32_nodes,
+                         "op_gains": result.op_gains,
                          "agreement_random_inputs": round(result.agreement, 4),
                          "relative_error": round(result.relative_error, 4), "seconds": result.seconds}
     entry["file_size"] = {variant: path.stat().st_size for variant, path in paths.items()}
@@ -180,6 +182,10 @@ def to_markdown(report: dict) -> str:
                 cells += [f"{run[v]['median_ms']:.1f} ({run[v]['speedup']:.2f}×)" for v in VARIANTS[1:]]
                 cells += [kept, ", ".join(map(str, m["load_avg_1min"]))]
                 lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "## Median over the models, batch 1", "", "| threads | INT8 | pruned FP32 | pruned INT8 |",
+                  "|---:|---:|---:|---:|"]
+        for threads, medians in _medians(report["models"], batch=1).items():
+            lines.append(f"| {threads} | " + " | ".join(f"{medians[v]:.2f}×" for v in VARIANTS[1:]) + " |")
     if report.get("fashion"):
         f = report["fashion"]
         lines += ["", f"## Fashion-MNIST accuracy ({f['baseline']}, {f['test_samples']:,} test images)", "",
@@ -204,6 +210,25 @@ def to_markdown(report: dict) -> str:
                   f"| pruned + fine-tuned INT8 | {t['accuracy_int8']:.2%} | {100 * (t['accuracy_int8'] - base):+.2f} |"]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _kept_fp32(entry: dict) -> str:
+    """Op groups and the count of single nodes a quantize_onnx run left in FP32 for speed."""
+    words = list(entry["fp32_op_types"])
+    if entry.get("fp32_nodes"):
+        words.append(f"{len(entry['fp32_nodes'])} node(s)")
+    return ", ".join(words) or "none"
+
+
+def _medians(models: list[dict], batch: int) -> dict[int, dict[str, float]]:
+    """``{threads: {variant: median speed-up over FP32}}`` over the models at one batch size."""
+    runs: dict[int, dict[str, list[float]]] = {}
+    for m in models:
+        for run in m["runs"]:
+            if run["batch"] == batch:
+                for v in VARIANTS[1:]:
+                    runs.setdefault(run["threads"], {}).setdefault(v, []).append(run[v]["speedup"])
+    return {t: {v: float(np.median(values)) for v, values in per.items()} for t, per in sorted(runs.items())}
 
 
 def plot(report: dict, path: Path) -> None:

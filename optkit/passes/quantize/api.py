@@ -24,7 +24,7 @@ from typing import Any
 
 from optkit.core.errors import DataError, ExportError
 from optkit.core.settings import check_input_shape
-from optkit.passes.quantize import exclusion, optypes, static, verify
+from optkit.passes.quantize import exclusion, optypes, profile, static, verify
 from optkit.passes.quantize.calibration import NO_DATA, Batches, load_batches
 from optkit.passes.quantize.settings import Int8Settings
 
@@ -52,8 +52,10 @@ class QuantizeResult:
         excluded_nodes: nodes the exclusion search left in FP32, in the order it chose them.
         user_excluded: nodes left in FP32 because the settings said so.
         fp32_op_types: op groups left in FP32 because their INT8 kernels measured slower here.
+        fp32_nodes: nodes of the INT8 op groups left in FP32 because their INT8 kernels measured slower here.
         op_gains: per op group, time before / time after quantizing it, groups added one at a time heaviest
-            first (below 0.95: INT8 was slower); ``all``: the choice's time / the fully quantized model's.
+            first (below 0.95: INT8 was slower); ``all``: the choice's time / the fully quantized model's;
+            ``nodes``: the time before / after ``fp32_nodes`` were left in FP32, when some were tried.
         op_gains_cached: whether ``op_gains`` came from the per-machine cache.
         quantized_nodes: nodes quantized in the written model.
         search: the exclusion search's steps (node, score, check after it).
@@ -76,6 +78,7 @@ class QuantizeResult:
     excluded_nodes: list[str]
     user_excluded: list[str]
     fp32_op_types: list[str]
+    fp32_nodes: list[str]
     op_gains: dict[str, float]
     op_gains_cached: bool
     quantized_nodes: int
@@ -89,6 +92,7 @@ class QuantizeResult:
 
 def quantize_onnx(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, settings: Int8Settings | None = None,
                   *, input_shape: Sequence[int], eval_data: str | None = None, timer: optypes.Timer | None = None,
+                  profiler: optypes.Profiler | None = None,
                   cache_path: str | os.PathLike | None = None) -> QuantizeResult:
     """Quantize an FP32 ONNX file to INT8, verified on the task before it is written.
 
@@ -100,6 +104,8 @@ def quantize_onnx(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, se
         eval_data: dataset spec whose ``val`` split checks the INT8 model (default: the calibration spec's).
         timer: times ONNX files interleaved, returning median milliseconds (default: ONNX Runtime at
             ``settings.timing_threads`` threads, batch 1); tests inject one so they never time anything.
+        profiler: gives each node's kernel time in an ONNX file, keyed by the FP32 node names (default:
+            ONNX Runtime's profiler at ``settings.timing_threads`` threads, batch 1); tests inject one.
         cache_path: the per-machine op-speed cache (default :func:`optkit.passes.quantize.optypes.default_cache_path`).
 
     Returns:
@@ -134,14 +140,15 @@ def quantize_onnx(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, se
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".int8", dir=target.parent))
     try:
-        return _run(source, target, scratch, settings, shape, calibration, checking, timer, cache_path, start)
+        return _run(source, target, scratch, settings, shape, calibration, checking, timer, profiler, cache_path,
+                    start)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shape: tuple[int, ...],
          calibration: Batches | None, checking: Batches, timer: optypes.Timer | None,
-         cache_path: str | os.PathLike | None, start: float) -> QuantizeResult:
+         profiler: optypes.Profiler | None, cache_path: str | os.PathLike | None, start: float) -> QuantizeResult:
     pre = scratch / "fp32.onnx"
     static.preprocess(source, pre)
     op_types = set(settings.op_types) or static.supported_op_types(settings.mode)
@@ -164,11 +171,11 @@ def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shap
                              cache_path=scratch / "calibration.json")
         return out
 
-    gains, slow, cached = _op_verdict(pre, groups, build, settings, shape, timer, cache_path)
+    gains, slow, slow_nodes, cached = _op_verdict(pre, groups, build, settings, shape, timer, profiler, cache_path)
     if slow and not set(groups) - set(slow) - exclusion.NOT_SEARCHED:
         raise ExportError(f"INT8 ran slower than FP32 here for every op group that computes ({_gains_words(gains)}); "
                           "nothing was written: keep the FP32 model, or set measure_ops = false to quantize anyway")
-    fixed = [node for group in slow for node in groups[group]]
+    fixed = [node for group in slow for node in groups[group]] + slow_nodes
     reference = verify.outputs(pre, checking, threads=_threads())
 
     def check(path: Path) -> tuple[verify.Agreement, list[str]]:
@@ -194,23 +201,35 @@ def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shap
                           "--max-accuracy-drop or --max-excluded, or keep the FP32 model)")
     quantized = _quantized(outcome.path, groups)
     _publish(outcome.path, target)
-    return _result(source, target, settings, calibration, checking, outcome, slow, gains, cached, reference,
-                   quantized, time.perf_counter() - start)
+    return _result(source, target, settings, calibration, checking, outcome, slow, slow_nodes, gains, cached,
+                   reference, quantized, time.perf_counter() - start)
 
 
 def _op_verdict(pre: Path, groups: dict[str, list[str]], build, settings: Int8Settings, shape: tuple[int, ...],
-                timer: optypes.Timer | None, cache_path) -> tuple[dict[str, float], list[str], bool]:
-    """``(gains, groups left in FP32, whether it came from the cache)``."""
+                timer: optypes.Timer | None, profiler: optypes.Profiler | None,
+                cache_path) -> tuple[dict[str, float], list[str], list[str], bool]:
+    """``(gains, groups left in FP32, nodes left in FP32, whether it came from the cache)``."""
     if not settings.measure_ops:
-        return {}, [], False
+        return {}, [], [], False
     cache = optypes.GainCache(cache_path or optypes.default_cache_path())
     machine, digest = optypes.machine_key(settings.timing_threads), optypes.graph_digest(pre)
     found = cache.get(machine, digest)
-    if found is not None and set(found[0]) - {"all"} == set(groups):
+    if found is not None and set(found[0]) - {"all", "nodes"} == set(groups):
         return (*found, True)
-    gains, slow = optypes.measure_gains(pre, groups, build, timer or _default_timer(shape, settings.timing_threads))
-    cache.put(machine, digest, gains, slow)
-    return gains, slow, False
+    timer = timer or _default_timer(shape, settings.timing_threads)
+    gains, slow = optypes.measure_gains(pre, groups, build, timer)
+    computing = [group for group in groups if group not in set(slow) | exclusion.NOT_SEARCHED]
+    slow_nodes: list[str] = []
+    if computing:
+        fixed = [node for group in slow for node in groups[group]] + list(settings.exclude)
+        if profiler is None:
+            nodes = [node for group in computing for node in groups[group]]
+            profiler = _default_profiler(pre, nodes, shape, settings.timing_threads)
+        slow_nodes, gain = optypes.slow_nodes(pre, build(fixed), fixed, build, timer, profiler)
+        if gain is not None:
+            gains["nodes"] = gain
+    cache.put(machine, digest, gains, slow, slow_nodes)
+    return gains, slow, slow_nodes, False
 
 
 def _gains_words(gains: dict[str, float]) -> str:
@@ -225,6 +244,13 @@ def _default_timer(shape: tuple[int, ...], threads: int) -> optypes.Timer:
                                                          repeats=15)]
 
     return timer
+
+
+def _default_profiler(pre: Path, nodes: list[str], shape: tuple[int, ...], threads: int) -> optypes.Profiler:
+    def profiler(path: Path) -> dict[str, float]:
+        return profile.node_times(path, pre, nodes, (1, *shape[1:]), threads=threads)
+
+    return profiler
 
 
 def _fit_shape(path: Path, shape: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
@@ -277,8 +303,8 @@ def _publish(path: Path, target: Path) -> None:
 
 
 def _result(source: Path, target: Path, settings: Int8Settings, calibration: Batches | None, checking: Batches,
-            outcome: exclusion.SearchOutcome, slow: list[str], gains: dict[str, float], cached: bool, reference,
-            quantized: int, seconds: float) -> QuantizeResult:
+            outcome: exclusion.SearchOutcome, slow: list[str], slow_nodes: list[str], gains: dict[str, float],
+            cached: bool, reference, quantized: int, seconds: float) -> QuantizeResult:
     r = outcome.result
     notes = []
     if settings.random_calibration:
@@ -292,6 +318,9 @@ def _result(source: Path, target: Path, settings: Int8Settings, calibration: Bat
     elif "all" in gains:
         notes.append("every op group is INT8: some measured slower one at a time, but the fully quantized model "
                      f"ran {gains['all']:.2f}x faster than the choice without them")
+    if slow_nodes:
+        notes.append(f"{len(slow_nodes)} node(s) kept in FP32 because their INT8 kernels measured slower here "
+                     f"(the model ran {gains['nodes']:.2f}x faster with them in FP32): {', '.join(slow_nodes)}")
     if outcome.excluded:
         notes.append(f"the exclusion search left {len(outcome.excluded)} layer(s) in FP32 to meet the thresholds: "
                      f"{', '.join(outcome.excluded)}")
@@ -300,5 +329,5 @@ def _result(source: Path, target: Path, settings: Int8Settings, calibration: Bat
         str(target), settings.mode, settings.calibration_method if static_mode else None,
         calibration.source if calibration is not None else None, checking.source, source.stat().st_size,
         target.stat().st_size, r.agreement, r.relative_error, r.accuracy_fp32, r.accuracy_int8, r.samples,
-        list(outcome.excluded), list(settings.exclude), slow, gains, cached, quantized,
+        list(outcome.excluded), list(settings.exclude), slow, slow_nodes, gains, cached, quantized,
         [asdict(step) for step in outcome.steps], round(seconds, 3), notes)

@@ -12,6 +12,15 @@ time on top of the others, not each group alone: a lone INT8 island among FP32
 layers pays for conversions at its borders that it would not pay in the full model.
 For the same reason the fully quantized model is timed last against the choice.
 
+A group can be fast as a whole and hold a few nodes that are not: an INT8
+convolution reading three input channels (an image stem) or a narrow depthwise
+one at full resolution ran twice as long as in FP32 here, inside models whose
+other convolutions gain 2-3x. After the groups are chosen, ONNX Runtime's
+profiler gives each node's kernel time in the FP32 model and in the chosen
+INT8 one (:mod:`optkit.passes.quantize.profile`); the nodes whose INT8 kernels
+take clearly longer are left in FP32 together, and that is kept only if the
+whole model, timed against the choice, runs faster.
+
 The verdicts are cached per machine (CPU model, core count, ONNX Runtime
 version, thread count) and per graph structure (op types, attributes, weight
 shapes; not weight values), so a retrained model of the same architecture reuses them.
@@ -30,8 +39,13 @@ from pathlib import Path
 #: How much slower quantizing a group must make the model for the group to stay FP32 (a noise guard).
 MARGIN = 0.05
 DEPTHWISE = "Conv(depthwise)"
+#: A node's INT8 kernels must take longer than its FP32 ones by this share of the INT8 model's traced time
+#: for the node to be tried in FP32 (smaller differences do not pay for the conversions at its borders).
+NODE_SHARE = 0.02
 #: ``timer(paths) -> median milliseconds of each``, timed interleaved.
 Timer = Callable[[Sequence[Path]], list[float]]
+#: ``profiler(path) -> {node name: milliseconds}``, each node's kernel time when the file runs.
+Profiler = Callable[[Path], dict[str, float]]
 
 
 def op_groups(path: str | os.PathLike, op_types: Collection[str]) -> dict[str, list[str]]:
@@ -98,6 +112,38 @@ def measure_gains(fp32_path: Path, groups: dict[str, list[str]], build: Callable
     return gains, slow
 
 
+def slow_nodes(fp32_path: Path, int8_path: Path, excluded: Collection[str], build: Callable[[Collection[str]], Path],
+               timer: Timer, profiler: Profiler) -> tuple[list[str], float | None]:
+    """Nodes of the chosen INT8 model whose INT8 kernels are slower than their FP32 ones, confirmed by timing.
+
+    Nodes whose INT8 kernel time exceeds their FP32 one by more than :data:`NODE_SHARE` of the INT8
+    model's traced time are left in FP32 together; if the whole model does not then run faster than
+    the choice by :data:`MARGIN`, the worst node alone is tried.
+
+    Args:
+        fp32_path: the FP32 model.
+        int8_path: the chosen INT8 model (built with ``excluded`` left in FP32).
+        excluded: the nodes already left in FP32.
+        build: writes the model quantized with the given nodes left in FP32 and returns its path.
+        timer: times files interleaved.
+        profiler: per-node kernel times of a file, keyed by the FP32 graph's node names.
+
+    Returns:
+        ``(nodes to leave in FP32 as well, time of the choice / time with them in FP32)``; the gain is
+        ``None`` when no node was slow enough to try.
+    """
+    fp32, int8 = profiler(fp32_path), profiler(int8_path)
+    total = sum(int8.values())
+    excess = {node: ms - fp32[node] for node, ms in int8.items() if node in fp32 and node not in set(excluded)}
+    worst = sorted((n for n, e in excess.items() if e > NODE_SHARE * total), key=lambda n: -excess[n])
+    gain = None
+    for nodes in ([worst, worst[:1]] if len(worst) > 1 else [worst] if worst else []):
+        gain = _gain(timer([int8_path, build([*excluded, *nodes])]))
+        if gain > 1 + MARGIN:
+            return nodes, gain
+    return [], gain
+
+
 def _gain(times: list[float]) -> float:
     before, after = times
     return round(before / after, 4) if after > 0 else 1.0
@@ -144,7 +190,8 @@ def default_cache_path() -> Path:
 
 
 class GainCache:
-    """Measured verdicts kept in a JSON file: ``{machine key: {graph digest: {"gains": ..., "fp32_groups": ...}}}``."""
+    """Measured verdicts kept in a JSON file:
+    ``{machine key: {graph digest: {"gains": ..., "fp32_groups": ..., "fp32_nodes": ...}}}``."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -156,20 +203,22 @@ class GainCache:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def get(self, machine: str, digest: str) -> tuple[dict[str, float], list[str]] | None:
-        """The cached ``(gains, FP32 groups)`` for a graph on a machine, or ``None``."""
+    def get(self, machine: str, digest: str) -> tuple[dict[str, float], list[str], list[str]] | None:
+        """The cached ``(gains, FP32 groups, FP32 nodes)`` for a graph on a machine, or ``None``."""
         found = self._read().get(machine, {}).get(digest)
         try:
-            return {str(k): float(v) for k, v in found["gains"].items()}, [str(g) for g in found["fp32_groups"]]
+            return ({str(k): float(v) for k, v in found["gains"].items()}, [str(g) for g in found["fp32_groups"]],
+                    [str(n) for n in found["fp32_nodes"]])
         except (TypeError, KeyError, ValueError, AttributeError):
             return None
 
-    def put(self, machine: str, digest: str, gains: dict[str, float], fp32_groups: list[str]) -> None:
+    def put(self, machine: str, digest: str, gains: dict[str, float], fp32_groups: list[str],
+            fp32_nodes: list[str]) -> None:
         """Store a verdict (atomically; a cache that cannot be written is skipped, it only saves time)."""
         from optkit.io.files import write_text
 
         data = self._read()
-        data.setdefault(machine, {})[digest] = {"gains": gains, "fp32_groups": fp32_groups}
+        data.setdefault(machine, {})[digest] = {"gains": gains, "fp32_groups": fp32_groups, "fp32_nodes": fp32_nodes}
         try:
             write_text(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
         except OSError:
