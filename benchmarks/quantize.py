@@ -174,9 +174,10 @@ def to_markdown(report: dict) -> str:
              f"{cfg['round_to']}). Speedup = FP32 ms / variant ms.", ""]
     if report["models"]:
         lines += ["| model | mode | batch | threads | FP32 ms | INT8 ms (×) | pruned FP32 ms (×) | pruned INT8 ms (×) "
-                  "| FP32 op groups kept | load avg (start, end) |", "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+                  "| kept FP32 (INT8; pruned INT8) | load avg (start, end) |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
         for m in report["models"]:
-            kept = ", ".join(m["int8"]["fp32_op_types"]) or "none"
+            kept = "; ".join(_kept_fp32(m[v]) for v in ("int8", "pruned_int8"))
             for run in m["runs"]:
                 cells = [m["model"], m["mode"], str(run["batch"]), str(run["threads"]), f"{run['fp32']['median_ms']:.1f}"]
                 cells += [f"{run[v]['median_ms']:.1f} ({run[v]['speedup']:.2f}×)" for v in VARIANTS[1:]]
