@@ -133,8 +133,8 @@ def slow_nodes(fp32_path: Path, int8_path: Path, excluded: Collection[str], buil
         ``None`` when no node was slow enough to try.
     """
     fp32, int8 = profiler(fp32_path), profiler(int8_path)
-    total = sum(int8.values())
-    excess = {node: ms - fp32[node] for node, ms in int8.items() if node in fp32 and node not in set(excluded)}
+    total, already = sum(int8.values()), set(excluded)
+    excess = {node: ms - fp32[node] for node, ms in int8.items() if node in fp32 and node not in already}
     worst = sorted((n for n, e in excess.items() if e > NODE_SHARE * total), key=lambda n: -excess[n])
     gain = None
     for nodes in ([worst, worst[:1]] if len(worst) > 1 else [worst] if worst else []):
