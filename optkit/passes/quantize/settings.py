@@ -38,8 +38,8 @@ class Int8Settings:
                                         "quantizes).", flag="int8-op-types", metavar="TYPE,...")
     exclude: tuple[str, ...] = setting((), help="ONNX node names kept in FP32.", flag="int8-exclude",
                                        metavar="NODE,...")
-    measure_ops: bool = setting(True, help="Time each quantized op group on this machine and keep in FP32 those "
-                                "whose INT8 kernels are slower (cached per machine).")
+    measure_ops: bool = setting(True, help="Time each quantized op group, then single nodes, on this machine and "
+                                "keep in FP32 those whose INT8 kernels are slower (cached per machine).")
     timing_threads: int = setting(1, help="ONNX Runtime threads when timing op groups.", low=1,
                                   flag="int8-timing-threads")
     auto_exclude: bool = setting(True, help="When the INT8 model misses a threshold, keep the layers that hurt "
