@@ -41,7 +41,7 @@ def node_times(path: str | os.PathLike, graph_path: str | os.PathLike, nodes: Co
         input_shape: the input shape of one run.
         threads: ONNX Runtime intra-op threads.
         runs: profiled runs (the median over runs is kept).
-        warmup: unprofiled runs first.
+        warmup: runs first whose kernel times are left out (caches and thread pools warming up).
 
     Returns:
         ``{node name: ms}`` for the nodes whose kernels could be traced.
