@@ -22,7 +22,6 @@ import copy
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torchvision
 
-from optkit.analysis.latency import interleaved_latency
+from optkit.analysis.latency import cpu_model, interleaved_latency
 from optkit.analysis.latency_table import build_table
 from optkit.analysis.metrics import count_macs
 from optkit.export.onnx import export_onnx
@@ -90,6 +89,7 @@ def run_model(name: str, cache: str) -> dict:
     return {"model": name, "target_latency": TARGET,
             "latency_target": {"predicted_fraction": d["predicted_fraction"], "measured_fraction": goal,
                                "macs_fraction": d["macs_fraction"], "round_to": d["round_to"],
+                               "proposal": d["proposal"],
                                "tries": d["tries"], "seconds": round(latency_s, 1)},
             "macs_target": {"tries": tries, "macs_at_equal_latency": round(equal, 4), "estimate": how,
                             "latency_ref": round(statistics.median(t["latency_ref"] for t in tries), 4)},
@@ -151,18 +151,18 @@ def _markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Latency target {TARGET} vs MACs target at the same measured latency", "",
              f"`{meta['command']}`, {meta['date']}, {meta['cpu']}, load average before {meta['load_before']}, "
              f"after {meta['load_after']}; {THREADS} threads, batch {BATCH}, input {INPUT_SHAPE}.", "",
-             "| model | predicted | measured (search) | measured (re-timed) | MACs kept (latency) | "
-             "MACs kept (MACs target, equal latency) | MACs-target tries (MACs: latency vs the latency-target model) "
+             "| model | proposal kept (search s) | predicted | measured (search) | measured (re-timed) | "
+             "MACs kept (latency) | MACs kept (MACs target, equal latency) | MACs-target tries (MACs: latency vs the latency-target model) "
              "| LUT first s (measurements) | LUT cached s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | | |")
             continue
         lt, mt = r["latency_target"], r["macs_target"]
         tries = ", ".join(f"{t['macs_fraction']:.3f}: {t['relative']:.3f}" for t in mt["tries"])
-        lines.append(f"| {r['model']} | {lt['predicted_fraction']:.3f} | {lt['measured_fraction']:.3f} | "
-                     f"{mt['latency_ref']:.3f} | {lt['macs_fraction']:.3f} | {mt['macs_at_equal_latency']:.3f} "
+        lines.append(f"| {r['model']} | {lt['proposal']} ({lt['seconds']:.0f}) | {lt['predicted_fraction']:.3f} | "
+                     f"{lt['measured_fraction']:.3f} | {mt['latency_ref']:.3f} | {lt['macs_fraction']:.3f} | {mt['macs_at_equal_latency']:.3f} "
                      f"({mt['estimate']}) | {tries} | "
                      f"{r['lut_first']['seconds']:.1f} ({r['lut_first']['measurements']}) | "
                      f"{r['lut_cached']['seconds']:.2f} |")
@@ -178,11 +178,12 @@ def _markdown(rows: list[dict], meta: dict) -> str:
 
 
 def main() -> None:
-    """Run the models and write ``results/latency_target.json`` and ``.md``."""
+    """Run the models and write ``results/latency_target.json`` and ``.md`` (or ``--out``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--out", default=str(RESULTS / "latency_target"), help="output path without extension")
     args = parser.parse_args()
-    meta = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "cpu": platform.processor(),
+    meta = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "cpu": f"{cpu_model()} ({os.cpu_count()} CPUs)",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "load_before": [round(v, 2) for v in os.getloadavg()]}
     rows = []
@@ -194,8 +195,8 @@ def main() -> None:
                 rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
             print(json.dumps(rows[-1]), flush=True)
     meta["load_after"] = [round(v, 2) for v in os.getloadavg()]
-    write_text(RESULTS / "latency_target.json", json.dumps({"meta": meta, "rows": rows}, indent=2))
-    write_text(RESULTS / "latency_target.md", _markdown(rows, meta))
+    write_text(Path(f"{args.out}.json"), json.dumps({"meta": meta, "rows": rows}, indent=2))
+    write_text(Path(f"{args.out}.md"), _markdown(rows, meta))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import copy
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import onnxruntime as ort
 import torch
 import torchvision
 
-from optkit.analysis.latency import interleaved_latency
+from optkit.analysis.latency import cpu_model, interleaved_latency
 from optkit.analysis.metrics import count_macs
 from optkit.export.onnx import export_onnx
 from optkit.io.files import write_text
@@ -52,10 +51,12 @@ VARIANTS = ("optkit", "torch_pruning")
 RESULTS = Path(__file__).parent / "results"
 NOTES = [
     "Timing: for each thread count and batch, the three files of a model are timed in alternating blocks of "
-    "5 calls, each block on a fresh session after 3 untimed calls, one session alive at a time, with ONNX "
+    "2 calls, each block on a fresh session after 3 untimed calls, one session alive at a time, with ONNX "
     "Runtime's default spinning thread pool. Earlier runs kept all sessions alive with spinning turned off; "
     "that charges each operator a thread wake-up at 2 threads and made pruned (smaller) models look up to "
-    "25% less efficient than they are when served.",
+    "25% less efficient than they are when served. Runs before 2026-12-04 used blocks of 5: fresh sessions "
+    "of one file differ by up to 15% on this virtual machine, so fewer, longer blocks let one unlucky "
+    "session move a median.",
     "torch-pruning direct: BasePruner(GroupMagnitudeImportance(p=1), pruning_ratio=0.3, round_to=8), ignoring "
     "the last Linear and every nn.MultiheadAttention (it breaks them otherwise).",
     "torchvision zero-initializes vit_b_16's classifier head, so with random weights its outputs are exactly "
@@ -185,7 +186,7 @@ def write_results(args, argv, models: list[dict], started: float) -> None:
     report = {
         "command": "flock /tmp/optkit-bench.lock python benchmarks/speedup.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".replace("  ", " "),
+        "machine": f"{cpu_model()} ({os.cpu_count()} CPUs)",
         "config": {"threads": args.threads, "batches": args.batches, "repeats": args.repeats,
                    "onnxruntime": ort.__version__, "torch": torch.__version__},
         "seconds": round(time.perf_counter() - started, 1),

@@ -49,6 +49,7 @@ from optkit.passes.precision import autocast as amp  # noqa: E402
 import optkit.data as data  # noqa: E402
 from optkit.io.files import write_text  # noqa: E402
 from optkit.passes.precision.passes import Autocast  # noqa: E402
+from optkit.analysis.latency import cpu_model  # noqa: E402
 
 Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
 
@@ -273,8 +274,7 @@ def acceptance(results: dict) -> dict:
 
 
 def environment(args: argparse.Namespace) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu,
             "usable_cores": len(os.sched_getaffinity(0)), "cpu_native_bf16": amp.cpu_has_native_bf16(),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Mapping
@@ -73,13 +72,9 @@ def machine_key() -> str:
     """The machine a timing belongs to: CPU model, core count and ONNX Runtime version."""
     import onnxruntime as ort
 
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{model}|{os.cpu_count()}|ort{ort.__version__}"
+    from optkit.analysis.latency import cpu_model
+
+    return f"{cpu_model()}|{os.cpu_count()}|ort{ort.__version__}"
 
 
 def build_table(model: nn.Module, input_shape: tuple[int, ...], *, threads: int | None = None, batch: int = 1,

@@ -1,18 +1,29 @@
 """Structured pruning to a measured latency target (``StructuredPrune(target_latency=...)``).
 
 A per-layer latency table (:mod:`optkit.analysis.latency_table`) predicts how
-long the conv/linear layers take at any channel counts. Starting from the
-full model, channels are removed ``round_to`` at a time from the dependency
-group that loses the least importance (group L1 magnitude, normalized per
-group as torch-pruning's ``GroupMagnitudeImportance``) per predicted
-millisecond saved, until the predicted latency is at most the target. The
-result becomes per-group ratios (``layer_ratios``) pruned by the ordinary
-:class:`~optkit.passes.prune.passes.StructuredPrune` machinery; the original
-and the pruned model are exported to ONNX and timed in alternation, and the
-predicted target is corrected by the measured/predicted ratio (or, once tries
-lie on both sides of the target, interpolated between them) and retried (at
-most :data:`MAX_RETRIES` times) until the measured fraction is within
-:data:`LATENCY_TOLERANCE`.
+long the conv/linear layers take at any channel counts. Three proposals turn
+an *aim* into a pruned model:
+
+- ``importance``: starting from the full model, channels go ``round_to`` at a
+  time from the dependency group that loses the least importance (group L1
+  magnitude, normalized per group as torch-pruning's
+  ``GroupMagnitudeImportance``) per predicted millisecond saved, until the
+  predicted fraction of the original's latency is at most the aim;
+- ``macs``: the MACs-target path (``StructuredPrune(target_macs=aim)``, every
+  group cut alike), the aim being a MACs fraction;
+- ``blend``: per group, halfway between ``importance`` and every group keeping
+  the same fraction of its channels at the same predicted latency.
+
+The table times conv/linear layers alone, so it misjudges models whose time
+goes elsewhere (depthwise blocks' activations, attention); which proposal
+really buys time is settled by measurement. Each round, every proposal's
+model is exported to ONNX and timed in alternation with the original in one
+run; a proposal's aim is then corrected by its measured fraction (scaled, or,
+once its tries lie on both sides of the target, interpolated), for at most
+:data:`MAX_RETRIES` more rounds until it measures within
+:data:`LATENCY_TOLERANCE`. Of the tries within the tolerance, the one keeping
+the most MACs per unit of measured latency is returned (the least importance
+removed breaks near-ties); when none is within, the one measured closest.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
-from optkit.passes.prune.allocation import next_aim, shrink
+from optkit.passes.prune.allocation import MIN_KEEP, next_aim, shrink
 from optkit.passes.prune.groups import Group, layer_widths, prunable_groups, ratios_for
 
 if TYPE_CHECKING:
@@ -35,6 +46,13 @@ if TYPE_CHECKING:
 LATENCY_TOLERANCE = 0.05
 MAX_RETRIES = 2
 AUTO_ROUND_TO = (4, 8, 16, 32)
+PROPOSALS = ("importance", "macs", "blend")
+#: Tries whose MACs per measured latency are within this fraction of the best count as equally efficient.
+EFFICIENCY_TIE = 0.01
+#: The largest MACs fraction the ``macs`` proposal aims at (a MACs target must be below 1).
+MAX_MACS_AIM = 0.99
+#: Details of the MACs-target search that describe its own target, not the latency search's result.
+MACS_SEARCH_KEYS = ("target", "target_fraction", "achieved_fraction", "ratio", "tries")
 
 
 def search(settings: Pass, model: nn.Module) -> PassResult:
@@ -43,9 +61,10 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
     ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass.
 
     Returns:
-        the pruned copy, with details: ``target_latency``, ``predicted_fraction``,
-        ``measured_fraction``, ``macs_fraction``, ``round_to`` (and ``round_to_scores``
-        when it was ``auto``), ``lut`` (the table's cost), ``tries`` and the chosen
+        the pruned copy, with details: ``target_latency``, ``proposal`` (which one was kept),
+        ``predicted_fraction``, ``measured_fraction``, ``macs_fraction``, ``round_to`` (and
+        ``round_to_scores`` when it was ``auto``), ``lut`` (the table's cost), ``tries`` (every model
+        timed: proposal, aim, predicted, measured and MACs fractions, importance removed) and the kept
         prune's details.
     """
     from optkit.analysis.latency_table import build_table
@@ -65,38 +84,152 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
     else:
         round_to = settings.round_to
     macs_before = count_macs(model, shape)
-    tries: list[dict[str, float]] = []
-    best = None
-    aim = target
+    predicted_before = _predict_model(table, model)
+
+    def propose(kind: str, aim: float) -> tuple[nn.Module, dict[str, Any]]:
+        if kind == "macs":
+            run = dataclasses.replace(settings, target_latency=None, target_macs=min(aim, MAX_MACS_AIM),
+                                      round_to=round_to)
+            result = run.apply(copy.deepcopy(model))
+            return result.model, {k: v for k, v in result.details.items() if k not in MACS_SEARCH_KEYS}
+        kept = _allocate(kind, table, groups, aim, round_to)
+        candidate = copy.deepcopy(model)
+        run = dataclasses.replace(settings, target_latency=None, ratio=0.0, allocation="uniform",
+                                  layer_ratios=ratios_for(groups, kept) or None, round_to=round_to)
+        return candidate, run.prune(candidate, 0.0)
+
+    tries: list[dict[str, Any]] = []
+    timed: list[tuple[int, ...]] = []
+    aims = {kind: target for kind in PROPOSALS}
     with tempfile.TemporaryDirectory(prefix="optkit-latency-") as folder:
         original = _export(model, folder, "original", timed_shape)
         for attempt in range(MAX_RETRIES + 1):
-            kept = _greedy(table, groups, aim, round_to)
-            predicted = _predicted_fraction(table, groups, kept)
-            candidate = copy.deepcopy(model)
-            ratios = ratios_for(groups, kept)
-            run = dataclasses.replace(settings, target_latency=None, ratio=0.0, layer_ratios=ratios or None,
-                                      round_to=round_to, allocation="uniform")
-            prune_details = run.prune(candidate, 0.0)
-            pruned = _export(candidate, folder, f"pruned{attempt}", timed_shape)
-            measured = _measured_fraction(original, pruned, timed_shape, threads)
-            tries.append({"aim": round(aim, 4), "predicted_fraction": round(predicted, 4),
-                          "measured_fraction": round(measured, 4)})
-            if best is None or abs(measured - target) < abs(best[0] - target):
-                best = (measured, predicted, candidate, prune_details)
-            if abs(measured - target) <= LATENCY_TOLERANCE:
+            paths, batch = [], []
+            for kind, aim in aims.items():
+                candidate, _ = propose(kind, aim)
+                widths = _widths_key(table, candidate)
+                if widths in timed:
+                    continue
+                timed.append(widths)
+                paths.append(_export(candidate, folder, f"{kind}{attempt}", timed_shape))
+                batch.append({"proposal": kind, "aim": round(aim, 4),
+                              "predicted_fraction": round(_predict_model(table, candidate) / predicted_before, 4),
+                              "macs_fraction": round(count_macs(candidate, shape) / macs_before, 4),
+                              "removed_importance": _removed(table, groups, candidate)})
+                del candidate
+            if not batch:
                 break
-            aim = next_aim([(t["predicted_fraction"], t["measured_fraction"]) for t in tries], target)
-    measured, predicted, pruned_model, prune_details = best
+            for entry, fraction in zip(batch, _measured_fractions(original, paths, timed_shape, threads)):
+                entry["measured_fraction"] = round(fraction, 4)
+            tries += batch
+            aims = {kind: next_aim([(t["macs_fraction" if kind == "macs" else "predicted_fraction"],
+                                     t["measured_fraction"]) for t in tries if t["proposal"] == kind], target)
+                    for kind in aims if not _landed(tries, kind, target)}
+            if not aims:
+                break
+    best = _choose(tries, target)
+    pruned_model, prune_details = propose(best["proposal"], best["aim"])
     details.update(prune_details)
-    details.update({"predicted_fraction": round(predicted, 4), "measured_fraction": round(measured, 4),
-                    "macs_fraction": round(count_macs(pruned_model, shape) / macs_before, 4), "round_to": round_to,
-                    "threads": threads, "batch": settings.latency_batch, "tries": tries})
-    if abs(measured - target) > LATENCY_TOLERANCE:
-        details.setdefault("notes", []).append(
-            f"structured_prune: asked latency {target:g} of the original, measured {measured:.3f} "
-            f"(closest of {len(tries)} tries)")
+    details.update({"proposal": best["proposal"], "predicted_fraction": best["predicted_fraction"],
+                    "measured_fraction": best["measured_fraction"],
+                    "macs_fraction": round(count_macs(pruned_model, shape) / macs_before, 4),
+                    "round_to": prune_details.get("round_to", round_to), "threads": threads,
+                    "batch": settings.latency_batch, "tries": tries})
+    notes = details.setdefault("notes", [])
+    notes.append(f"structured_prune: latency {best['measured_fraction']:.3f} of the original measured "
+                 f"({threads} threads, batch {settings.latency_batch}; predicted {best['predicted_fraction']:.3f}), "
+                 f"MACs {details['macs_fraction']:.3f}, by the {best['proposal']} proposal, best of {len(tries)} timed")
+    if abs(best["measured_fraction"] - target) > LATENCY_TOLERANCE:
+        notes.append(f"structured_prune: asked latency {target:g} of the original, measured "
+                     f"{best['measured_fraction']:.3f} (closest of {len(tries)} tries)")
     return PassResult(pruned_model, details)
+
+
+def _landed(tries: list[dict[str, Any]], kind: str, target: float) -> bool:
+    """Whether a try of proposal ``kind`` measured within the tolerance of ``target``."""
+    return any(t["proposal"] == kind and abs(t["measured_fraction"] - target) <= LATENCY_TOLERANCE for t in tries)
+
+
+def _choose(tries: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """The try to keep: most MACs per measured latency within the tolerance (then least importance removed).
+
+    Without a try within the tolerance, the one measured closest to the target.
+    """
+    within = [t for t in tries if abs(t["measured_fraction"] - target) <= LATENCY_TOLERANCE]
+    if not within:
+        return min(tries, key=lambda t: abs(t["measured_fraction"] - target))
+    best = max(t["macs_fraction"] / t["measured_fraction"] for t in within)
+    ties = [t for t in within if t["macs_fraction"] / t["measured_fraction"] >= best * (1 - EFFICIENCY_TIE)]
+    return min(ties, key=lambda t: t["removed_importance"])
+
+
+def _allocate(kind: str, table: LatencyTable, groups: list[Group], aim: float, round_to: int) -> list[int]:
+    """Kept channels per group proposed by ``importance`` or ``blend`` for a predicted fraction ``aim``."""
+    greedy = _greedy(table, groups, aim, round_to)
+    if kind == "importance":
+        return greedy
+    uniform = _uniform(table, groups, aim, round_to)
+    return [_snap(g, (a + b) / 2, round_to) for g, a, b in zip(groups, uniform, greedy)]
+
+
+def _snap(group: Group, channels: float, round_to: int) -> int:
+    """``channels`` rounded to a multiple of ``round_to`` within the group's limits (whole groups stay whole)."""
+    if channels >= group.channels:
+        return group.channels
+    floor = max(round_to, MIN_KEEP * group.channels)
+    return min(group.channels, max(-(-int(floor) // round_to) * round_to, round(channels / round_to) * round_to))
+
+
+def _uniform(table: LatencyTable, groups: list[Group], aim: float, round_to: int) -> list[int]:
+    """Every group keeps the same fraction of its channels: the largest whose predicted fraction is at most ``aim``."""
+    low, high = MIN_KEEP, 1.0
+    for _ in range(30):
+        middle = (low + high) / 2
+        kept = [_snap(g, g.channels * middle, round_to) for g in groups]
+        if _predicted_fraction(table, groups, kept) <= aim:
+            low = middle
+        else:
+            high = middle
+    return [_snap(g, g.channels * low, round_to) for g in groups]
+
+
+def _model_widths(table: LatencyTable, model: nn.Module) -> dict[str, tuple[int, int]]:
+    """The (in, out) channels of the table's layers in ``model`` (a pruned copy of the table's model)."""
+    modules = dict(model.named_modules())
+    widths = {}
+    for name, entry in table.layers.items():
+        module = modules.get(name)
+        if module is None:
+            widths[name] = (entry.in_channels, entry.out_channels)
+        elif hasattr(module, "in_features"):
+            widths[name] = (module.in_features, module.out_features)
+        else:
+            widths[name] = (module.in_channels, module.out_channels)
+    return widths
+
+
+def _widths_key(table: LatencyTable, model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """What tells two pruned copies apart: their layers' widths in the table's order."""
+    return tuple(_model_widths(table, model).values())
+
+
+def _predict_model(table: LatencyTable, model: nn.Module) -> float:
+    """The table's predicted milliseconds for ``model``'s conv/linear layers at their current widths."""
+    from optkit.analysis.latency_table import predict
+
+    return predict(table, _model_widths(table, model))
+
+
+def _removed(table: LatencyTable, groups: list[Group], model: nn.Module) -> float:
+    """Summed normalized importance of the channels ``model`` (a pruned copy) no longer has, least important first."""
+    widths, full = _model_widths(table, model), _full(table)
+    total = 0.0
+    for g in groups:
+        name = next((n for n in g.outs if n in widths), None)
+        if name is not None:
+            kept = min(g.channels, round(g.channels * widths[name][1] / full[name][1]))
+            total += g.cumulative[g.channels - kept]
+    return round(total, 6)
 
 
 def _full(table: LatencyTable) -> dict[str, tuple[int, int]]:
@@ -138,8 +271,9 @@ def _export(model: nn.Module, folder: str, name: str, shape: tuple[int, ...]) ->
     return path
 
 
-def _measured_fraction(original: str, pruned: str, shape: tuple[int, ...], threads: int) -> float:
+def _measured_fractions(original: str, candidates: list[str], shape: tuple[int, ...], threads: int) -> list[float]:
+    """Each candidate's median latency over the original's, all timed in alternation in one run."""
     from optkit.analysis.latency import interleaved_latency
 
-    before, after = interleaved_latency([original, pruned], shape, threads=threads, repeats=30)
-    return after.median_ms / before.median_ms
+    before, *after = interleaved_latency([original, *candidates], shape, threads=threads, repeats=30)
+    return [a.median_ms / before.median_ms for a in after]

@@ -32,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
@@ -169,17 +168,9 @@ def machine_key(threads: int) -> str:
     """What the op speeds depend on besides the graph: CPU model, core count, ONNX Runtime version, threads."""
     import onnxruntime
 
-    return f"{_cpu_model()}|{os.cpu_count()} cpus|onnxruntime {onnxruntime.__version__}|{threads} threads"
+    from optkit.analysis.latency import cpu_model
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return f"{cpu_model()}|{os.cpu_count()} cpus|onnxruntime {onnxruntime.__version__}|{threads} threads"
 
 
 def default_cache_path() -> Path:
