@@ -68,3 +68,23 @@ def test_only_files_with_a_symbolic_batch_take_the_larger_batch(tmp_path):
     export_onnx(model, tmp_path / "any.onnx", (1, 3, 8, 8), dynamic_batch=True)
     export_onnx(model, tmp_path / "fixed.onnx", (1, 3, 8, 8), dynamic_batch=False)
     assert _takes_any_batch(tmp_path / "any.onnx") and not _takes_any_batch(tmp_path / "fixed.onnx")
+
+
+def test_target_latency_from_the_command_line_reports_what_it_measured(runner, tmp_path):
+    from optkit.passes.prune.latency_target import PROPOSALS
+
+    out = tmp_path / "o"
+    result = runner.invoke(main, ["optimize", "torchvision:squeezenet1_1", "--num-classes", "10", "--input-shape",
+                                  "1,3,64,64", "--target-latency", "0.6", "--threads", "1", "--export", "onnx",
+                                  "--out", str(out)], env={"OPTKIT_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    details = report["passes"][0]["details"]
+    assert details["proposal"] in PROPOSALS and details["threads"] == 1 and details["batch"] == 1
+    kept = [t for t in details["tries"] if t["proposal"] == details["proposal"]
+            and t["measured_fraction"] == details["measured_fraction"]]
+    assert kept and kept[0]["macs_fraction"] == pytest.approx(details["macs_fraction"], abs=1e-4)
+    # The MACs the report counts are the kept try's.
+    assert report["after"]["macs"] / report["before"]["macs"] == pytest.approx(details["macs_fraction"], abs=2e-3)
+    assert any(n.startswith("structured_prune: latency ") and details["proposal"] in n for n in report["notes"])
+    assert (out / "model.onnx").exists()

@@ -30,7 +30,7 @@ MAX_TRIES = 12
 REPORT_TOLERANCE = 0.02
 
 
-def search(settings: Pass, model: nn.Module) -> PassResult:
+def search(settings: Pass, model: nn.Module, *, refine_round_to: bool = True) -> PassResult:
     """Prune copies of ``model`` at searched ratios until the target is met.
 
     ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass
@@ -40,8 +40,8 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
     by one ratio for every group, per-group counts (each a multiple of
     ``round_to``, the fractions removed as even as the steps allow) are tried
     next (:func:`_even_fill`); only if those miss too is the search repeated
-    with ``round_to`` halved, down to 1, and the closest result kept; the
-    details say so. A result still further than :data:`REPORT_TOLERANCE` from
+    with ``round_to`` halved, down to 1 (unless ``refine_round_to`` is false),
+    and the closest result kept; the details say so. A result still further than :data:`REPORT_TOLERANCE` from
     the target gets a one-line note for the report.
 
     Returns:
@@ -69,7 +69,7 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
         filled = _even_fill(current, model, kind, target, lambda m: measure(m) / original, tries)
         if filled is not None and abs(filled[0] - target) < abs(best[0] - target):
             best = filled
-    while abs(best[0] - target) > settings.target_tolerance and current.round_to > 1:
+    while refine_round_to and abs(best[0] - target) > settings.target_tolerance and current.round_to > 1:
         current = dataclasses.replace(current, round_to=max(1, current.round_to // 2))
         finer = _bracket(current, model, target, lambda m: measure(m) / original, tries)
         if abs(finer[0] - target) < abs(best[0] - target):

@@ -128,3 +128,12 @@ def test_importance_uniform_and_blend_allocations():
     assert uniform == [32, 80]
     blend = _allocate("blend", table, groups, 0.5, 16)
     assert blend == [32, 96]  # halfway (32, 104), to the nearest multiple of 16 (ties to even)
+
+
+def test_finalists_are_the_tries_within_the_tolerance_and_each_proposals_closest():
+    from optkit.passes.prune.latency_target import _finalists
+
+    tries = [_try("importance", 0.40, 0.3), _try("macs", 0.60, 0.5), _try("blend", 0.53, 0.4),
+             _try("importance", 0.47, 0.35), _try("macs", 0.58, 0.45), _try("blend", 0.51, 0.42)]
+    # Within 0.05: indices 3 (0.47) and 5 (0.51), and 2 (0.53); macs's closest is 4 (0.58).
+    assert _finalists(tries, 0.5) == [2, 3, 4, 5]
