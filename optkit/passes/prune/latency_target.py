@@ -137,7 +137,7 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
         again = _measured_fractions(original, [files[i] for i in finalists], timed_shape, threads)
         for i, fraction in zip(finalists, again):
             first = tries[i]["measured_fraction"]
-            tries[i].update({"timings": [first, round(fraction, 4)], "measured_fraction": round((first + fraction) / 2, 4)})
+            tries[i].update(timings=[first, round(fraction, 4)], measured_fraction=round((first + fraction) / 2, 4))
     best = _choose(tries, target)
     pruned_model, prune_details = propose(best["proposal"], best["aim"])
     details.update(prune_details)
