@@ -70,7 +70,7 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
         timed: proposal, aim, predicted, measured and MACs fractions, importance removed, and the two
         ``timings`` of those timed again) and the kept prune's details.
     """
-    from optkit.analysis.latency_table import build_table
+    from optkit.analysis.latency_table import build_table, predict
     from optkit.analysis.metrics import count_macs
     from optkit.passes.prune.target import search as macs_search
 
@@ -88,7 +88,7 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
     else:
         round_to = settings.round_to
     macs_before = count_macs(model, shape)
-    predicted_before = _predict_model(table, model)
+    predicted_before = predict(table)
 
     def propose(kind: str, aim: float) -> tuple[nn.Module, dict[str, Any]]:
         if kind == "macs":
