@@ -34,6 +34,7 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     from optkit.core.errors import OptkitError
     from optkit.export.onnx import export_onnx
     from optkit.io import models
+    from optkit.io.outputs import StagedOutputs
 
     evaluation = eval_settings(flags)
     settings = generated.settings_from_flags(ExportSettings, _FLAGS, flags)
@@ -53,24 +54,48 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     shape = input_shape or models.infer_input_shape(loaded)
     workflow.check_runs(loaded, shape)
     scorer = workflow.Scorer(evaluation, loaded.model, shape) if evaluation is not None else None
-    result = export_onnx(loaded.model, onnx_path, shape, **settings.export_kwargs())
-    checks = ", ".join(f"batch {v.batch_size}: max |diff| {v.max_abs_diff:.2g} <= {v.tolerance:.2g}" for v in result.verification)
-    click.echo(f"Wrote {result.path} ({result.file_size:,} bytes, {result.compressed_size:,} gzipped) "
+    target = Path(onnx_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Both files appear together or neither does: a refused INT8 model leaves the folder as it was.
+    with StagedOutputs(target.parent) as staged:
+        staged_onnx = staged.path(target.name)
+        result = export_onnx(loaded.model, staged_onnx, shape, **settings.export_kwargs())
+        staged_int8 = staged.path(int8_path.name) if int8_settings is not None else None
+        int8_lines = _write_int8(staged_onnx, staged_int8, int8_settings, shape) if staged_int8 is not None else []
+        if scorer is not None:
+            _score(scorer, staged_onnx, staged_int8)
+    checks = ", ".join(f"batch {v.batch_size}: max |diff| {v.max_abs_diff:.2g} <= {v.tolerance:.2g}"
+                       for v in result.verification)
+    click.echo(f"Wrote {target} ({result.file_size:,} bytes, {result.compressed_size:,} gzipped) "
                f"with the {result.exporter} exporter, opset {result.opset}")
     click.echo(f"Verified with ONNX Runtime: {checks}")
-    for note in result.notes:
-        click.echo(f"note: {note}")
-    if int8_settings is not None:
-        _write_int8(Path(result.path), int8_path, int8_settings, shape)
+    for line in [*(f"note: {note}" for note in result.notes), *int8_lines]:
+        click.echo(line)
     if scorer is not None:
-        _print_scores(scorer, Path(result.path), int8_path if int8_settings is not None else None)
+        _print_scores(scorer)
 
 
-def _print_scores(scorer, onnx_path: Path, int8_path: Path | None) -> None:
+def _write_int8(fp32_path: Path, int8_path: Path, settings: Int8Settings, shape: tuple[int, ...]) -> list[str]:
+    """Quantize the exported file (verified on the task); returns the lines that say what was checked and timed."""
+    from optkit import workflow
+
+    section = workflow.quantize_exported(fp32_path, int8_path, settings, shape)
+    lines = [f"Wrote {Path(section['path']).name} beside it ({section['int8_size']:,} bytes)"]
+    lines += [f"note: {note}" for note in section["notes"]]
+    lines += [f"ONNX Runtime, batch {run['batch_size']}, {run['threads']} thread(s): FP32 "
+              f"{run['fp32']['median_ms']:.2f} ms, INT8 {run['int8']['median_ms']:.2f} ms "
+              f"({run['speedup']:.2f}x{', noisy' if run['noisy'] else ''})" for run in section["latency"]["runs"]]
+    return lines
+
+
+def _score(scorer, onnx_path: Path, int8_path: Path | None) -> None:
+    for path in [onnx_path, *([int8_path] if int8_path else [])]:
+        scorer.score_onnx(path.name, path)
+
+
+def _print_scores(scorer) -> None:
     from rich.console import Console
 
     from optkit.analysis.report import evaluation_table
 
-    for path in [onnx_path, *([int8_path] if int8_path else [])]:
-        scorer.score_onnx(path.name, path)
     Console().print(evaluation_table(scorer.section()))
