@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optkit.kinds.base import call_with
 from optkit.passes.prune.opaque import select_linear
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def capture_calls(root: nn.Module, inputs: Any, modules: Sequence[nn.Module]) ->
     try:
         root.eval()
         with torch.no_grad():
-            root(*inputs) if isinstance(inputs, list) else root(inputs)
+            call_with(root, inputs)
     except Exception:
         return {}
     finally:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from optkit.kinds.base import ModelInputs, call_with
 from optkit.passes.prune.arch import ArchSupport, arch_support, input_group, unprunable_grouped_convs
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def build_plan(root: nn.Module, inputs: Any, options: Options, held: dict[Any, s
             pruner = _pruner_class()(
                 root,
                 _as_args(inputs),
+                forward_fn=_forward_fn(inputs),
                 importance=options.importance,
                 global_pruning=options.global_,
                 pruning_ratio=options.ratio,
@@ -155,7 +157,8 @@ def trace_graph(root: nn.Module, inputs: Any, held: dict[Any, str],
             warnings.simplefilter("ignore")
             root.eval()
             graph = tp.DependencyGraph().build_dependency(
-                root, example_inputs=_as_args(inputs), output_transform=lambda out: _keep_outputs(out, outputs),
+                root, example_inputs=_as_args(inputs), forward_fn=_forward_fn(inputs),
+                output_transform=lambda out: _keep_outputs(out, outputs),
                 unwrapped_parameters=support.unwrapped_parameters or None,
                 customized_pruners=support.customized_pruners or None, verbose=False)
     finally:
@@ -180,10 +183,17 @@ def _own_held(root: nn.Module, held: dict[Any, str], support: ArchSupport) -> di
     return held
 
 
-def _as_args(inputs: Any) -> tuple:
+def _as_args(inputs: Any) -> Any:
     # A tuple is unpacked as the arguments; a bare tensor would first be
     # unpacked along its batch dimension and traced twice.
+    if isinstance(inputs, ModelInputs):
+        return inputs
     return tuple(inputs) if isinstance(inputs, list) else (inputs,)
+
+
+def _forward_fn(inputs: Any) -> Callable[[Any, Any], Any] | None:
+    # Keyword arguments (a token model's attention mask) need the call the inputs describe.
+    return call_with if isinstance(inputs, ModelInputs) else None
 
 
 def _hold_outputs(graph: Any, outputs: list, held: dict[Any, str], submodule: str | None) -> None:
@@ -269,7 +279,7 @@ def capture_inputs(root: nn.Module, inputs: Any, names: list[str]) -> dict[str, 
     hooks = [root.get_submodule(name).register_forward_pre_hook(keep(name)) for name in names]
     try:
         with eval_mode(root), torch.no_grad():
-            root(*inputs) if isinstance(inputs, list) else root(inputs)
+            call_with(root, inputs)
     finally:
         for hook in hooks:
             hook.remove()

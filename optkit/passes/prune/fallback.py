@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optkit.kinds.base import call_with
 from optkit.passes.prune import engine as _engine
 from optkit.passes.prune import limits as _limits
 
@@ -358,7 +359,7 @@ def output_shapes(model: nn.Module, inputs: Any) -> list:
     from optkit.analysis.metrics import eval_mode
 
     with eval_mode(model), torch.no_grad():
-        return [tuple(t.shape) for t in _tensors(_call(model, inputs))]
+        return [tuple(t.shape) for t in _tensors(call_with(model, inputs))]
 
 
 def check_runs(model: nn.Module, inputs: Any, reference: list) -> str | None:
@@ -368,7 +369,7 @@ def check_runs(model: nn.Module, inputs: Any, reference: list) -> str | None:
     from optkit.analysis.metrics import eval_mode
 
     with eval_mode(model), torch.enable_grad():
-        outputs = _tensors(_call(model, inputs))
+        outputs = _tensors(call_with(model, inputs))
         shapes = [tuple(t.shape) for t in outputs]
         if shapes != reference:
             return f"the pruned model's output shapes changed from {reference} to {shapes}"
@@ -423,10 +424,6 @@ def describe(error: BaseException) -> str:
     if isinstance(error, _limits.TimeLimitExceeded):
         return f"torch-pruning {text}"
     return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
-
-
-def _call(model: nn.Module, inputs: Any) -> Any:
-    return model(*inputs) if isinstance(inputs, list) else model(inputs)
 
 
 def _tensors(out: Any) -> list:

@@ -1,0 +1,16 @@
+"""Model kinds: what a family of models takes, returns, keeps and is compared on (see :mod:`optkit.kinds.base`).
+
+Built in: ``detection``, ``segmentation``, ``tokens`` (language models) and
+``image_classifier`` (the fallback). ``kind_of(model)`` gives a model's kind.
+"""
+
+from optkit.kinds.base import (ENTRY_POINT_GROUP, ModelInputs, ModelKind, flatten_tensors, get_kind, kind_of,
+                               list_kinds, model_device, register_kind, set_kind)
+
+__all__ = ["ENTRY_POINT_GROUP", "ModelInputs", "ModelKind", "flatten_tensors", "get_kind", "kind_of", "list_kinds",
+           "model_device", "register_kind", "set_kind", "example_inputs"]
+
+
+def example_inputs(model, shape, *, seed: int = 0) -> ModelInputs:
+    """The example inputs of ``model``'s kind at ``shape`` (see :meth:`ModelKind.example_inputs`)."""
+    return kind_of(model).example_inputs(model, tuple(int(v) for v in shape), seed=seed)

@@ -1,0 +1,119 @@
+"""Object detection: a list of images ``C,H,W`` in, a list of ``{"boxes", "scores", "labels"}`` dicts out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.errors import OptkitError
+from optkit.kinds.base import ModelInputs, ModelKind, export_view, model_device, register_kind
+from optkit.kinds.image import input_channels
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: Fields compared and exported per image, in this order; masks and keypoints follow when the model has them.
+DETECTION_FIELDS = ("boxes", "scores", "labels")
+EXTRA_FIELDS = ("masks", "keypoints", "keypoints_scores")
+DEFAULT_IMAGE_SIZE = 320
+BACKBONE = "backbone"
+
+
+def has_detection_transform(model: nn.Module) -> bool:
+    """Whether the model resizes and normalizes a list of images itself (torchvision's detection transform)."""
+    try:
+        from torchvision.models.detection.transform import GeneralizedRCNNTransform
+    except ImportError:
+        return False
+    return any(isinstance(m, GeneralizedRCNNTransform) for m in model.children())
+
+
+@register_kind
+class Detection(ModelKind):
+    """Detectors such as torchvision's Faster R-CNN, RetinaNet, FCOS and SSD.
+
+    Recognised by structure: the model owns a detection transform (it takes a
+    list of un-normalized images of any size). An input shape ``N,C,H,W`` means
+    ``N`` images of ``C,H,W`` with values in [0, 1]. The exported graph takes
+    the images as separate inputs (its image count is fixed) and returns each
+    image's boxes, scores and labels. Two models' detections are compared as
+    sets: each detection is matched with the other model's nearest one of the
+    same label. Structured pruning works inside the backbone; the feature maps
+    it hands to the heads keep their width.
+    """
+
+    name = "detection"
+    description = "detectors: a list of images C,H,W in, boxes, scores and labels per image out"
+    priority = 10
+    dynamic_batch = False
+
+    def matches(self, model: nn.Module) -> bool:
+        return has_detection_transform(model)
+
+    def default_shape(self, model: nn.Module) -> tuple[int, ...]:
+        return (1, input_channels(model) or 3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE)
+
+    def check_shape(self, model: nn.Module, shape: tuple[int, ...]) -> None:
+        if len(shape) != 4:
+            raise OptkitError(f"a detection model takes images; give --input-shape N,C,H,W (N images), "
+                              f"not {','.join(map(str, shape))}")
+
+    def example_inputs(self, model: nn.Module, shape: tuple[int, ...], *, seed: int = 0) -> ModelInputs:
+        import torch
+
+        self.check_shape(model, shape)
+        generator = torch.Generator().manual_seed(seed)
+        device = model_device(model)
+        images = [torch.rand(*shape[1:], generator=generator).to(device) for _ in range(shape[0])]
+        names = ("images",) if len(images) == 1 else tuple(f"image_{i}" for i in range(len(images)))
+        return ModelInputs((images,), {}, names)
+
+    def outputs(self, output: Any) -> list[torch.Tensor]:
+        if not isinstance(output, (list, tuple)) or not all(isinstance(d, dict) for d in output):
+            return super().outputs(output)
+        return [d[key] for d in output for key in (*DETECTION_FIELDS, *EXTRA_FIELDS) if key in d]
+
+    def output_names(self, count: int) -> list[str]:
+        if count % len(DETECTION_FIELDS):
+            return super().output_names(count)
+        images = count // len(DETECTION_FIELDS)
+        return [f"{key}_{i}" if images > 1 else key for i in range(images) for key in DETECTION_FIELDS]
+
+    def export_module(self, model: nn.Module, inputs: ModelInputs) -> nn.Module:
+        return export_view(model, inputs, self)
+
+    def compare(self, expected: list[Any], actual: list[Any]) -> tuple[float, float]:
+        import numpy as np
+
+        if len(actual) != len(expected) or len(expected) % len(DETECTION_FIELDS):
+            return super().compare(expected, actual)
+        diff = scale = 0.0
+        for start in range(0, len(expected), len(DETECTION_FIELDS)):
+            boxes, scores, labels = expected[start:start + 3]
+            other_boxes, other_scores, other_labels = actual[start:start + 3]
+            if len(other_scores) != len(scores):
+                raise ValueError(f"{len(other_scores)} detections where the reference has {len(scores)}")
+            diff = max(diff, _matched_difference(np.column_stack([boxes, scores]), labels,
+                                                 np.column_stack([other_boxes, other_scores]), other_labels))
+            scale = max(scale, float(np.max(np.abs(boxes))) if boxes.size else 0.0)
+        return diff, scale
+
+    def prune_root(self, model: nn.Module) -> str | None:
+        return BACKBONE if hasattr(model, BACKBONE) else None
+
+
+def _matched_difference(reference, labels, other, other_labels) -> float:
+    """Largest box/score difference after matching each reference detection with the nearest unused one of its label."""
+    import numpy as np
+
+    free = np.ones(len(other), dtype=bool)
+    worst = 0.0
+    for row, label in zip(reference, labels):
+        candidates = np.flatnonzero(free & (other_labels == label))
+        if not len(candidates):
+            raise ValueError(f"a detection of label {int(label)} has no counterpart")
+        distances = np.max(np.abs(other[candidates].astype(np.float64) - row), axis=1)
+        best = candidates[int(np.argmin(distances))]
+        free[best] = False
+        worst = max(worst, float(np.min(distances)))
+    return worst
