@@ -230,3 +230,102 @@ def test_an_int_attribute_holding_a_child_width_follows_it():
     assert "held_layers" not in details
     assert model[0].proj.out_channels == model[0].in_dim == 16 and model[1].in_features == 16
     assert model(torch.randn(2, *SHAPE[1:])).shape == (2, 256, 10)
+
+
+class RepeatedHeads(nn.Module):
+    """``count`` FixedHeads blocks in a row, as real models repeat blocks; every one of them breaks the same way."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.body = nn.Sequential(nn.Conv2d(16, 48, 3, padding=1), nn.ReLU(), nn.Conv2d(48, 16, 3, padding=1))
+        self.blocks = nn.Sequential(*[FixedHeads() for _ in range(count)])
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.head(self.blocks(x + self.body(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("count", [2, 5])
+def test_a_repeated_broken_block_is_held_in_every_repeat_at_once(count):
+    """The first failure (in blocks.0) holds every group of the same structure, not one repeat per trial.
+
+    Trials: the first try, one with the failing structure (and the residual group that touched blocks.0)
+    held, then each held class tried again on its own: 4 however many times the block repeats.
+    """
+    torch.manual_seed(0)
+    model = RepeatedHeads(count)
+    details = StructuredPrune(input_shape=SHAPE, round_to=8).apply(model).details
+    assert sorted(details["held_layers"]) == [f"blocks.{i}.proj" for i in range(count)]
+    assert all("invalid for input of size" in reason for reason in details["held_layers"].values())
+    assert details["fallback"]["trials"] == 4
+    assert all(block.proj.out_channels == 32 for block in model.blocks)
+    # The residual group, held with the failing structure at first, is given back and pruned.
+    assert model.stem.out_channels == 8 and all(block.out.out_channels == 8 for block in model.blocks)
+    assert model.body[0].out_channels < 48
+    out = model(torch.randn(2, *SHAPE[1:]))
+    assert out.shape == (2, 10)
+    out.sum().backward()
+
+
+def test_repeats_held_at_once_leave_a_tight_budget_for_giving_back_what_only_touched_them():
+    """With 4 trials, holding all repeats in one step leaves room to release the residual group (then pruned)."""
+    torch.manual_seed(0)
+    model = RepeatedHeads(3)
+    details = StructuredPrune(input_shape=SHAPE, round_to=8, fallback_trials=4).apply(model).details
+    assert sorted(details["held_layers"]) == ["blocks.0.proj", "blocks.1.proj", "blocks.2.proj"]
+    assert details["fallback"]["trials"] == 4
+    assert model.stem.out_channels == 8 and model.blocks[2].out.out_channels == 8
+
+
+class Pair(nn.Module):
+    """Two 1x1 convs the parent model calls one by one (the block has no forward of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(16, 24, 1)
+        self.reduce = nn.Conv2d(24, 16, 1)
+
+
+class TopLevelHeads(nn.Module):
+    """Repeated blocks whose head layout (4 heads of 6) is hard-coded in the top-level forward.
+
+    The error is raised in the model's own forward, so it points at no sub-module and the fallback
+    has to find the failing groups by splitting the candidates in halves.
+    """
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.body = nn.Sequential(nn.Conv2d(16, 48, 3, padding=1), nn.ReLU(), nn.Conv2d(48, 16, 3, padding=1))
+        self.blocks = nn.ModuleList([Pair() for _ in range(count)])
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.body(x)
+        for block in self.blocks:
+            y = block.expand(x)
+            n, _, h, w = y.shape
+            x = x + block.reduce(y.reshape(n, 4, 6, h, w).softmax(2).reshape(n, 24, h, w))
+        return self.head(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize(("count", "trials"), [(3, 5), (6, 6)])
+def test_an_error_pointing_nowhere_is_bisected_and_the_first_culprit_holds_its_repeats(count, trials):
+    """The halving search finds blocks.0.expand; its repeats are held for its error without a trial each."""
+    torch.manual_seed(0)
+    model = TopLevelHeads(count)
+    details = StructuredPrune(input_shape=SHAPE, round_to=8).apply(model).details
+    held = details["held_layers"]
+    assert sorted(held) == [f"blocks.{i}.expand" for i in range(count)]
+    assert held["blocks.0.expand"].startswith("RuntimeError: shape '[1, 4, 6, 16, 16]' is invalid")
+    for i in range(1, count):
+        assert held[f"blocks.{i}.expand"].startswith("same structure as blocks.0.expand, which caused: RuntimeError")
+    # 1 first try + the halving down to blocks.0.expand; a trial per repeat would take at least count + 2.
+    assert details["fallback"]["trials"] == trials
+    assert all(block.expand.out_channels == 24 for block in model.blocks)
+    assert model.stem.out_channels == 8 and model.body[0].out_channels < 48
+    assert all(block.reduce.out_channels == 8 for block in model.blocks)
+    assert model(torch.randn(2, *SHAPE[1:])).shape == (2, 10)
