@@ -182,3 +182,28 @@ def test_passes_lists_names_with_descriptions(runner):
     assert result.exit_code == 0
     assert re.search(r"^structured_prune +Remove whole channels", result.output, re.M)
     assert "l1_unstructured" in result.output
+
+
+def test_an_unversioned_recipe_runs_says_it_was_migrated_and_is_saved_as_the_current_version(runner, tmp_path):
+    from optkit.core.recipe_versions import VERSION
+
+    old = tmp_path / "old.toml"
+    old.write_text('input_shape = [1, 3, 32, 32]\n\n[[pass]]\nname = "l1_unstructured"\nratio = 0.2\n')
+    result = _optimize(runner, "torchvision:resnet18", "--num-classes", "10", "--recipe", str(old),
+                       "--out", str(tmp_path / "D"))
+    assert result.exit_code == 0, result.output
+    assert f"note: {old} is a version 1 recipe; it was migrated to version {VERSION}" in result.output
+    saved = (tmp_path / "D" / "recipe.toml").read_text()
+    assert saved.startswith(f"version = {VERSION}\ninput_shape = [1, 3, 32, 32]\n") and 'name = "l1_unstructured"' in saved
+
+
+def test_a_newer_recipe_is_a_one_line_error(runner, tmp_path):
+    from optkit.core.recipe_versions import VERSION
+
+    new = tmp_path / "new.toml"
+    new.write_text(f'version = {VERSION + 1}\n\n[[pass]]\nname = "l1_unstructured"\n')
+    result = runner.invoke(main, ["optimize", "torchvision:resnet18", "--recipe", str(new), "--out", str(tmp_path / "D")])
+    assert result.exit_code == 1
+    assert result.output == (f"Error: {new} is a version {VERSION + 1} recipe, but this optkit reads recipe versions "
+                             f"up to {VERSION}: upgrade optkit to run it\n")
+    assert not (tmp_path / "D").exists()

@@ -68,6 +68,8 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     pipeline = _pipeline(recipe_path, input_shape, flags, generic_passes, int8)
     init_distributed()
     show_epoch_lines()
+    for note in pipeline.notes if is_main_process() else ():
+        click.echo(f"note: {note}", err=True)
     with console.status(f"loading {model}"):
         loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
     if not pipeline.input_shape_given:

@@ -89,6 +89,8 @@ class Pipeline:
         self.input_shape_given = input_shape is not None
         self.input_shape = check_input_shape(input_shape) or DEFAULT_INPUT_SHAPE
         self.device = check_device(device)
+        #: What loading the recipe said, e.g. that an older recipe version was migrated.
+        self.notes: list[str] = []
 
     def resolved_passes(self) -> list[Step]:
         """The steps with the pipeline's shared settings filled in where a pass leaves them unset."""
@@ -194,8 +196,10 @@ class Pipeline:
 
     @classmethod
     def _from_parsed(cls, parsed: dict[str, Any]) -> Pipeline:
-        return cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"],
-                   int8=parsed["sections"].get("int8"))
+        pipeline = cls(parsed["passes"], input_shape=parsed["input_shape"], device=parsed["device"],
+                       int8=parsed["sections"].get("int8"))
+        pipeline.notes = list(parsed["notes"])
+        return pipeline
 
     def __repr__(self) -> str:
         names = ", ".join(step_name(p) for p in self.passes)

@@ -3,6 +3,7 @@
 A recipe is read strictly: an unknown top-level key, pass name or pass setting
 is an error that lists the valid ones. Example::
 
+    version = 2
     input_shape = [1, 3, 224, 224]
 
     [[pass]]
@@ -11,7 +12,9 @@ is an error that lists the valid ones. Example::
     round_to = 8
 
 A setting whose Python name ends in ``_`` (``global_``, a keyword) is written
-without it (``global = true``).
+without it (``global = true``). Every recipe written carries the format
+``version``; older recipe files are migrated when read (see
+:mod:`optkit.core.recipe_versions`).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import tomllib
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import RecipeError
+from optkit.core.recipe_versions import UNVERSIONED, VERSION, upgrade
 from optkit.core.registry import get_pass, list_passes
 
 if TYPE_CHECKING:
     from optkit.core.contract import Pass
 
-TOP_LEVEL_KEYS = ("input_shape", "device", "int8", "pass")
+TOP_LEVEL_KEYS = ("version", "input_shape", "device", "int8", "pass")
 #: Top-level tables and the settings classes that read them (imported only when a recipe has the table).
 SECTIONS = {"int8": "optkit.passes.quantize.settings:Int8Settings"}
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -38,17 +42,21 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 def parse(text: str, *, source: str = "recipe") -> dict[str, Any]:
     """Parse recipe TOML and validate it.
 
+    A recipe without a ``version`` key is version 1 (the format before versions) and is migrated.
+
     Returns:
-        ``{"input_shape": tuple | None, "device": str | None, "passes": [Pass, ...]}``
+        ``{"input_shape": tuple | None, "device": str | None, "passes": [Pass, ...], "sections": {...},
+        "notes": [str, ...]}``; ``notes`` says when the recipe was migrated from an older version.
 
     Raises:
-        RecipeError: for malformed TOML, unknown keys or passes, or invalid settings.
+        RecipeError: for malformed TOML, a version newer than this optkit reads, unknown keys or passes,
+            or invalid settings.
     """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise RecipeError(f"{source} is not valid TOML: {e}") from e
-    return from_dict(data, source=source)
+    return from_dict(data, source=source, default_version=UNVERSIONED)
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
@@ -65,10 +73,20 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     return parse(text, source=os.fspath(path))
 
 
-def from_dict(data: dict[str, Any], *, source: str = "recipe") -> dict[str, Any]:
-    """Validate an already-parsed recipe mapping; see :func:`parse`."""
+def from_dict(data: dict[str, Any], *, source: str = "recipe", default_version: int = VERSION) -> dict[str, Any]:
+    """Validate an already-parsed recipe mapping; see :func:`parse`.
+
+    Args:
+        data: the mapping (not changed).
+        source: where it came from, for messages.
+        default_version: the version of a mapping without a ``version`` key: the current one for
+            mappings built in code (CLI flags), 1 for recipe files.
+    """
     from optkit.core.settings import SHARED_SETTINGS
 
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: a recipe is a table of keys, got {type(data).__name__}")
+    data, note = upgrade(data, source, default=default_version)
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise RecipeError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
@@ -83,7 +101,7 @@ def from_dict(data: dict[str, Any], *, source: str = "recipe") -> dict[str, Any]
             raise RecipeError(f"{source}: {e}") from e
     passes = [_build_pass(entry, index, source) for index, entry in enumerate(entries, start=1)]
     sections = {key: _build_section(key, data[key], source) for key in SECTIONS if key in data}
-    return {**shared, "passes": passes, "sections": sections}
+    return {**shared, "passes": passes, "sections": sections, "notes": [note] if note else []}
 
 
 def section_class(key: str) -> type:
@@ -146,7 +164,7 @@ def dumps(passes: list[Pass], *, input_shape: tuple[int, ...] | None = None, dev
     Raises:
         RecipeError: if a setting is not representable in TOML (e.g. a Python object).
     """
-    lines = []
+    lines = [f"version = {VERSION}"]
     if input_shape is not None:
         lines.append(f"input_shape = {_value(list(input_shape))}")
     if device is not None:
