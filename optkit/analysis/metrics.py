@@ -8,9 +8,12 @@ import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
+
+from optkit.kinds import example_inputs, model_device
 
 PRUNABLE_WEIGHT_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
@@ -53,19 +56,14 @@ def weight_sparsity(model: nn.Module) -> float:
     return zeros / total if total else 0.0
 
 
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (or buffer); CPU for stateless models."""
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
-    return torch.device("cpu")
+def example_input(model: nn.Module, input_shape: Sequence[int], *, seed: int = 0) -> Any:
+    """A reproducible example input of ``input_shape`` on the model's device, such that ``model(x)`` runs.
 
-
-def example_input(model: nn.Module, input_shape: Sequence[int], *, seed: int = 0) -> torch.Tensor:
-    """A reproducible random input of ``input_shape`` on the model's device."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*input_shape, generator=generator).to(model_device(model))
+    What it is depends on the model's kind (:func:`optkit.kinds.kind_of`): an
+    image batch, token ids, or a list of images. :func:`optkit.kinds.example_inputs`
+    gives the whole call (an attention mask too).
+    """
+    return example_inputs(model, input_shape, seed=seed).first()
 
 
 @contextlib.contextmanager
@@ -90,7 +88,8 @@ def count_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
 
     # The counter puts the model in eval mode itself; eval_mode restores the caller's mode.
     with eval_mode(model), torch.no_grad():
-        macs, _ = tp.utils.count_ops_and_params(model, example_input(model, (1, *input_shape[1:])))
+        inputs = example_inputs(model, (1, *input_shape[1:]))
+        macs, _ = tp.utils.count_ops_and_params(model, inputs.packed())
     return int(macs)
 
 

@@ -181,6 +181,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
         raise ValueError(f"metadata must map strings to strings, got {metadata!r}")
     opset = DEFAULT_OPSET if opset is None else int(opset)
 
+    from optkit.kinds import kind_of
+
+    dynamic_batch = dynamic_batch and kind_of(model).dynamic_batch
     start = time.perf_counter()
     reference = prepare_for_export(model)
     prepared, fold_note = _folded_copy(reference, shape)
@@ -315,25 +318,42 @@ def _run_exporter(model: nn.Module, path: Path, shape: tuple[int, ...], exporter
                   dynamic_batch: bool) -> None:
     import torch
 
-    from optkit.analysis.metrics import example_input
+    from optkit.kinds import kind_of
 
+    kind = kind_of(model)
     # torch.export specializes a batch of 1 to a constant, so trace a dynamic batch with 2.
     batch = max(2, shape[0]) if dynamic_batch and exporter == "dynamo" else shape[0]
-    inputs = example_input(model, (batch, *shape[1:]))
+    inputs = kind.example_inputs(model, (batch, *shape[1:]))
+    module = kind.export_module(model, inputs)
+    args = (inputs.first(),) if module is model else tuple(inputs.tensors())
     with torch.no_grad():
-        n_outputs = len(_flatten(model(inputs)))
-    output_names = ["output"] if n_outputs == 1 else [f"output_{i}" for i in range(n_outputs)]
-    kwargs: dict[str, Any] = {"input_names": ["input"], "output_names": output_names, "opset_version": opset}
+        outputs = kind.outputs(inputs.call(model))
+    output_names = kind.output_names(len(outputs))
+    input_names = list(inputs.names)
+    axes = _dynamic_axes(kind, input_names, output_names, [t.dim() for t in outputs]) if dynamic_batch else {}
+    kwargs: dict[str, Any] = {"input_names": input_names, "output_names": output_names, "opset_version": opset}
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
             if dynamic_batch:
-                kwargs["dynamic_shapes"] = ({0: torch.export.Dim("batch", min=1, max=1 << 16)},)
-            torch.onnx.export(model, (inputs,), str(path), dynamo=True, external_data=True, **kwargs)
+                kwargs["dynamic_shapes"] = tuple({dim: torch.export.Dim(name, min=1, max=1 << 16)
+                                                  for dim, name in axes[input_name].items()}
+                                                 for input_name in input_names)
+            torch.onnx.export(module, args, str(path), dynamo=True, external_data=True, **kwargs)
         else:
             if dynamic_batch:
-                kwargs["dynamic_axes"] = {name: {0: "batch"} for name in ["input", *output_names]}
-            torch.onnx.export(model, (inputs,), str(path), dynamo=False, do_constant_folding=True, **kwargs)
+                kwargs["dynamic_axes"] = axes
+            torch.onnx.export(module, args, str(path), dynamo=False, do_constant_folding=True, **kwargs)
+
+
+def _dynamic_axes(kind: Any, input_names: list[str], output_names: list[str],
+                  output_ranks: list[int]) -> dict[str, dict[int, str]]:
+    """The batch axis of every input and output; a token model's sequence axis too (outputs of rank 3 or more)."""
+    sequence = kind.name == "tokens"
+    axes = {name: {0: "batch", **({1: "sequence"} if sequence else {})} for name in input_names}
+    for name, rank in zip(output_names, output_ranks):
+        axes[name] = {0: "batch", **({1: "sequence"} if sequence and rank >= 3 else {})}
+    return axes
 
 
 def _store_weights_fp16(proto: onnx.ModelProto) -> None:
@@ -412,14 +432,15 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     import onnxruntime as ort
     import torch
 
-    from optkit.analysis.metrics import example_input
+    from optkit.kinds import kind_of
 
     try:
         onnx.checker.check_model(str(path))
     except Exception as e:
         raise ExportError(f"onnx.checker rejected the exported file: {_first_line(e)}") from e
+    kind = kind_of(model)
     batch = int(input_shape[0])
-    batches = (batch, batch + 2) if dynamic_batch else (batch, batch)
+    batches = (batch, batch + 2) if dynamic_batch and kind.dynamic_batch else (batch, batch)
     model = model.eval()
     results = []
     try:
@@ -427,18 +448,19 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     except Exception as e:
         raise ExportError(f"ONNX Runtime cannot load the exported file: {_first_line(e)}") from e
     for index, b in enumerate(batches):
-        inputs = example_input(model, (b, *input_shape[1:]), seed=seed + index)
+        inputs = kind.example_inputs(model, (b, *input_shape[1:]), seed=seed + index)
         with torch.no_grad():
-            expected = [t.detach().float().cpu().numpy() for t in _flatten(model(inputs))]
+            expected = [t.detach().float().cpu().numpy() for t in kind.outputs(inputs.call(model))]
+        given = dict(zip(inputs.names, inputs.tensors()))
         try:
-            actual = session.run(None, {session.get_inputs()[0].name: inputs.float().cpu().numpy()})
+            feed = {i.name: _as_feed(given[i.name] if i.name in given else inputs.first()) for i in session.get_inputs()}
+            actual = [np.asarray(a, dtype=np.float32) for a in session.run(None, feed)]
         except Exception as e:
             raise ExportError(f"ONNX Runtime failed to run the exported file at batch size {b}: {_first_line(e)}") from e
-        if len(actual) != len(expected) or any(a.shape != e.shape for a, e in zip(actual, expected)):
-            got = [a.shape for a in actual]
-            raise ExportError(f"ONNX Runtime output shapes {got} differ from PyTorch's {[e.shape for e in expected]} at batch size {b}")
-        diff = max(float(np.max(np.abs(a.astype(np.float64) - e))) if e.size else 0.0 for a, e in zip(actual, expected))
-        scale = max(float(np.max(np.abs(e))) if e.size else 0.0 for e in expected)
+        try:
+            diff, scale = kind.compare(expected, actual)
+        except ValueError as e:
+            raise ExportError(f"ONNX Runtime outputs differ from PyTorch's at batch size {b}: {e}") from e
         tolerance = rtol * scale + atol
         check = Verification(b, diff, scale, tolerance, bool(diff <= tolerance))
         if not check.passed:
@@ -448,16 +470,10 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     return results
 
 
-def _flatten(output: Any) -> list[torch.Tensor]:
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, dict):
-        return [t for value in output.values() for t in _flatten(value)]
-    if isinstance(output, (list, tuple)):
-        return [t for value in output for t in _flatten(value)]
-    raise ExportError(f"the model returns {type(output).__name__}; export needs tensors (or tuples/lists/dicts of them)")
+def _as_feed(tensor: torch.Tensor) -> Any:
+    """A numpy array for ONNX Runtime: floating inputs as float32, integer ones (token ids) as they are."""
+    data = tensor.detach().cpu()
+    return (data.float() if data.is_floating_point() else data).numpy()
 
 
 def _sizes(out: Path, is_external: bool) -> tuple[int, int]:

@@ -4,10 +4,10 @@ Built in: ``detection``, ``segmentation``, ``tokens`` (language models) and
 ``image_classifier`` (the fallback). ``kind_of(model)`` gives a model's kind.
 """
 
-from optkit.kinds.base import (ENTRY_POINT_GROUP, ModelInputs, ModelKind, flatten_tensors, get_kind, kind_of,
+from optkit.kinds.base import (ENTRY_POINT_GROUP, ModelInputs, ModelKind, call_with, flatten_tensors, get_kind, kind_of,
                                list_kinds, model_device, register_kind, set_kind)
 
-__all__ = ["ENTRY_POINT_GROUP", "ModelInputs", "ModelKind", "flatten_tensors", "get_kind", "kind_of", "list_kinds",
+__all__ = ["ENTRY_POINT_GROUP", "ModelInputs", "ModelKind", "call_with", "flatten_tensors", "get_kind", "kind_of", "list_kinds",
            "model_device", "register_kind", "set_kind", "example_inputs"]
 
 

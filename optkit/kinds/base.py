@@ -80,10 +80,20 @@ class ModelInputs:
 
         return ModelInputs(tuple(swap(v) for v in self.args), {k: swap(v) for k, v in self.kwargs.items()}, self.names)
 
+    def first(self) -> Any:
+        """The first argument alone (an image batch, token ids, a list of images): ``model(first)`` runs the model."""
+        return self.args[0] if self.args else next(iter(self.kwargs.values()))
+
+    def packed(self) -> Any:
+        """The form torch-pruning's tracer and op counter unpack into this call: a tuple of arguments or a dict."""
+        if self.kwargs and self.args:
+            raise ValueError("inputs with both positional and keyword arguments have no packed form; call them")
+        return dict(self.kwargs) if self.kwargs else tuple(self.args)
+
     @property
     def batch_size(self) -> int:
         """The number of samples: the first tensor's first dimension, or a list's length (detection)."""
-        first = self.args[0] if self.args else next(iter(self.kwargs.values()))
+        first = self.first()
         return len(first) if isinstance(first, (list, tuple)) else int(first.shape[0])
 
 

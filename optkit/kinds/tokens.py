@@ -67,13 +67,14 @@ class TokenModel(ModelKind):
         device = model_device(model)
         ids = torch.randint(0, vocab_size(model), tuple(shape), generator=generator).to(device)
         accepted = _keywords(model)
-        kwargs: dict[str, Any] = {}
+        if "input_ids" not in accepted:
+            return ModelInputs((ids,), {}, ("input_ids",))
+        kwargs: dict[str, Any] = {"input_ids": ids}
         if "attention_mask" in accepted:
             kwargs["attention_mask"] = torch.ones(tuple(shape), dtype=torch.long, device=device)
         if "use_cache" in accepted:
             kwargs["use_cache"] = False  # a cache object is no tensor to compare or export
-        names = ("input_ids", *(["attention_mask"] if "attention_mask" in kwargs else []))
-        return ModelInputs((ids,), kwargs, names)
+        return ModelInputs((), kwargs, tuple(k for k in ("input_ids", "attention_mask") if k in kwargs))
 
     def outputs(self, output: Any) -> list[torch.Tensor]:
         import torch

@@ -192,7 +192,7 @@ def _as_args(inputs: Any) -> Any:
 
 
 def _forward_fn(inputs: Any) -> Callable[[Any, Any], Any] | None:
-    # Keyword arguments (a token model's attention mask) need the call the inputs describe.
+    # torch-pruning unpacks a tuple or dict itself; ModelInputs make the call they describe.
     return call_with if isinstance(inputs, ModelInputs) else None
 
 

@@ -189,7 +189,8 @@ class StructuredPrune(Pass):
         Raises:
             ValueError: for a layer pattern or sub-module that matches nothing.
         """
-        from optkit.analysis.metrics import count_macs, example_input
+        from optkit.analysis.metrics import count_macs
+        from optkit.kinds import example_inputs
         from optkit.passes.prune import engine as _engine
         from optkit.passes.prune import fallback as _fallback
         from optkit.passes.prune import limits as _limits
@@ -197,9 +198,10 @@ class StructuredPrune(Pass):
         shape = self.input_shape or DEFAULT_INPUT_SHAPE
         root, inputs, submodule = self._root_and_inputs(model)
         held, overrides = _engine.user_choices(root, self.ignored_layers, self.layer_ratios)
+        held.update(_kind_held(model, root, held))
         names = {module: name for name, module in root.named_modules()}
         job = _fallback.Job(
-            model=model, root_name=submodule or "", model_inputs=example_input(model, shape), root_inputs=inputs,
+            model=model, root_name=submodule or "", model_inputs=example_inputs(model, shape), root_inputs=inputs,
             options=_engine.Options(_importance(self.importance), ratio, self.allocation == "global",
                                     self.iterative_steps, self.round_to, self.bias_correction),
             held={names[m]: reason for m, reason in held.items()},
@@ -238,10 +240,11 @@ class StructuredPrune(Pass):
     def _root_and_inputs(self, model: nn.Module) -> tuple[nn.Module, Any, str | None]:
         import torch
 
-        from optkit.analysis.metrics import eval_mode, example_input
+        from optkit.analysis.metrics import eval_mode
+        from optkit.kinds import call_with, example_inputs, kind_of
 
-        inputs = example_input(model, self.input_shape or DEFAULT_INPUT_SHAPE)
-        submodule = self.submodule if self.submodule is not None else default_submodule(model)
+        inputs = example_inputs(model, self.input_shape or DEFAULT_INPUT_SHAPE)
+        submodule = self.submodule if self.submodule is not None else kind_of(model).prune_root(model)
         if not submodule:
             return model, inputs, None
         try:
@@ -252,7 +255,7 @@ class StructuredPrune(Pass):
         hook = root.register_forward_pre_hook(lambda module, args: captured.append(args))
         try:
             with eval_mode(model), torch.no_grad():
-                model(inputs)
+                call_with(model, inputs)
         finally:
             hook.remove()
         if not captured:
@@ -287,11 +290,14 @@ class StructuredPrune(Pass):
         return accumulate
 
 
-def default_submodule(model: nn.Module) -> str | None:
-    """``backbone`` for torchvision detection and segmentation models, else ``None``."""
-    kind = type(model).__module__
-    detection = kind.startswith(("torchvision.models.detection", "torchvision.models.segmentation"))
-    return "backbone" if detection and hasattr(model, "backbone") else None
+def _kind_held(model: nn.Module, root: nn.Module, held: dict[Any, str]) -> dict[Any, str]:
+    """The layers of ``root`` that the model's kind keeps at full width (see :meth:`ModelKind.held_layers`)."""
+    from optkit.kinds import kind_of
+
+    inside = set(root.modules())
+    modules = dict(model.named_modules())
+    return {modules[name]: reason for name, reason in kind_of(model).held_layers(model).items()
+            if modules[name] in inside and modules[name] not in held}
 
 
 def _adopt(model: nn.Module, pruned: nn.Module) -> None:
@@ -321,6 +327,7 @@ def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_
     settings = StructuredPrune(input_shape=tuple(input_shape), ignored_layers=tuple(ignored_layers), round_to=round_to)
     root, inputs, submodule = settings._root_and_inputs(model)
     held, _ = _prune_structured.user_choices(root, settings.ignored_layers, None)
+    held.update(_kind_held(model, root, held))
     options = _prune_structured.Options(_importance("l1"), settings.ratio, False, 1, round_to)
     return _prune_structured.prune_tree(root, inputs, options, held, {}, submodule=submodule, dry_run=True)
 
