@@ -163,7 +163,6 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
     Raises:
         OptkitError: if the file cannot be loaded, its shape is unknown, or it fails to run.
     """
-    import numpy as np
     import onnxruntime as ort
 
     from optkit.analysis.metrics import time_callable
@@ -182,17 +181,14 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
     except Exception as e:
         raise OptkitError(f"{path}: ONNX Runtime cannot load it ({e})") from e
     inputs = session.get_inputs()
-    if len(inputs) != 1:
-        raise OptkitError(f"{path} has {len(inputs)} inputs; optkit bench times single-input models")
     declared = inputs[0].shape
     shape = tuple(input_shape) if input_shape is not None else _static_shape(path, declared, batch_sizes)
-    rng = np.random.default_rng(0)
     results = []
     for run_shape in _shapes(shape, batch_sizes):
-        if isinstance(declared[0], int) and declared[0] != run_shape[0]:
+        if len(declared) == len(run_shape) and isinstance(declared[0], int) and declared[0] != run_shape[0]:
             raise OptkitError(f"{path} was exported with a fixed batch of {declared[0]}; "
                               f"it cannot run batch {run_shape[0]} (export with a dynamic batch)")
-        feed = {inputs[0].name: rng.standard_normal(run_shape, dtype=np.float32)}
+        feed = onnx_feed(session, run_shape)
         try:
             timing = time_callable(lambda: session.run(None, feed), warmup=warmup, repeats=repeats)
         except Exception as e:
@@ -231,6 +227,27 @@ def bench_exported(model: nn.Module, input_shape: Sequence[int], *, batch_sizes:
 def is_onnx(spec: str | os.PathLike) -> bool:
     """Whether a model spec names an ONNX file (by its ``.onnx`` suffix)."""
     return os.fspath(spec).lower().endswith(".onnx")
+
+
+def onnx_feed(session: Any, shape: Sequence[int], *, seed: int = 0) -> dict[str, Any]:
+    """Inputs for every input of an ONNX Runtime session at one example ``shape`` (batch first).
+
+    Floating inputs get reproducible standard-normal values; integer inputs (token ids,
+    attention masks) get ones, a valid id and mask in any vocabulary. An input of one
+    dimension fewer than ``shape`` is one of a list of images and gets ``shape[1:]``.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in shape)
+    feed = {}
+    for node in session.get_inputs():
+        size = shape[1:] if len(node.shape) == len(shape) - 1 else shape
+        if "int" in node.type:
+            feed[node.name] = np.ones(size, dtype=np.int32 if "int32" in node.type else np.int64)
+        else:
+            feed[node.name] = rng.standard_normal(size, dtype=np.float32)
+    return feed
 
 
 def _static_shape(path, declared: Sequence[Any], batch_sizes: Sequence[int] | None) -> tuple[int, ...]:
@@ -303,7 +320,7 @@ def onnx_session(path: str | os.PathLike, threads: int, *, spinning: bool = Fals
 
 def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequence[int], *, threads: int = 1,
                         warmup: int = 2, repeats: int = 20, block: int = 2, seed: int = 0) -> list[Latency]:
-    """Time several single-input ONNX files on the same random input, in alternating blocks.
+    """Time several ONNX files on the same random inputs (see :func:`onnx_feed`), in alternating blocks.
 
     Each file is timed the way it is served: one session, spinning thread
     pool (ONNX Runtime's default), calls back to back. Only one session
@@ -341,22 +358,19 @@ def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequenc
     """
     import gc
 
-    import numpy as np
-
     from optkit.analysis.metrics import summarize_ms
 
     if repeats < 1 or warmup < 0 or block < 1:
         raise ValueError(f"warmup must be >= 0, repeats and block >= 1, got warmup={warmup}, repeats={repeats}, "
                          f"block={block}")
     shape = tuple(int(v) for v in input_shape)
-    feed = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
     block = min(block, repeats)
     samples: list[list[float]] = [[] for _ in paths]
     try:
         for _ in range(-(-repeats // block)):
             for path, out in zip(paths, samples):
                 session = onnx_session(path, threads, spinning=True)
-                inputs = {session.get_inputs()[0].name: feed}
+                inputs = onnx_feed(session, shape, seed=seed)
                 for _ in range(warmup):
                     session.run(None, inputs)
                 for _ in range(block):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import click
@@ -22,15 +23,48 @@ def parse_shape(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def model_options(input_shape_help: str = "Example input shape, e.g. 1,3,224,224.") -> Callable:
-    """``--input-shape``, ``--num-classes``, ``--arch`` and ``--trust``: how a MODEL argument is read."""
+    """How a MODEL argument is read: ``--input-shape``, ``--seq-len``, ``--kind``, ``--num-classes``, ``--arch``, ``--trust``.
+
+    ``--seq-len L`` is the token-model form of ``--input-shape 1,L``; ``--kind`` names the
+    model's kind for every model the command loads. The command receives neither: it gets
+    ``input_shape`` and loads with :func:`optkit.io.models.load` as usual.
+    """
     options = [
         click.option("--input-shape", callback=parse_shape, help=input_shape_help),
+        click.option("--seq-len", type=click.IntRange(min=1),
+                     help="Token models: sequence length of the example inputs (the same as --input-shape 1,L)."),
+        click.option("--kind", help="Model kind when it cannot be told from the model: image_classifier, "
+                                    "segmentation, detection, tokens (or one a plugin registers)."),
         click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture."),
-        click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME or package.module:Class."),
+        click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME, timm:NAME or "
+                                    "package.module:Class."),
         click.option("--trust", is_flag=True,
                      help="Allow full unpickling (runs code from the file): only for files you trust."),
     ]
-    return with_options(options)
+    add_options = with_options(options)
+
+    def decorate(command: Callable) -> Callable:
+        @functools.wraps(command)
+        def run(*args, seq_len: int | None = None, kind: str | None = None, **kwargs):
+            from optkit.core.errors import OptkitError
+            from optkit.io.models import requested_kind
+            from optkit.kinds import get_kind
+
+            if seq_len is not None:
+                if kwargs.get("input_shape") is not None:
+                    raise click.UsageError("give --seq-len or --input-shape, not both")
+                kwargs["input_shape"] = (1, seq_len)
+            if kind is not None:
+                try:
+                    get_kind(kind)
+                except OptkitError as e:
+                    raise click.BadParameter(str(e), param_hint="--kind") from None
+            with requested_kind(kind):
+                return command(*args, **kwargs)
+
+        return add_options(run)
+
+    return decorate
 
 
 def eval_options() -> Callable:

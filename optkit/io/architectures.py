@@ -1,6 +1,7 @@
-"""Architecture specs: how to build a model from scratch (``torchvision:NAME`` or ``package.module:Class``).
+"""Architecture specs: how to build a model from scratch (``torchvision:NAME``, ``timm:NAME`` or ``package.module:Class``).
 
-Building never downloads anything: every ``weights*`` argument of a torchvision builder is ``None``.
+Building never downloads anything: every ``weights*`` argument of a torchvision builder is ``None``,
+and timm models are created with ``pretrained=False``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class ArchSpec:
     """How to build an architecture from scratch.
 
     Attributes:
-        spec: ``torchvision:NAME`` or ``package.module:Class``.
+        spec: ``torchvision:NAME``, ``timm:NAME`` or ``package.module:Class``.
         kwargs: constructor keyword arguments (plain values only), e.g. ``num_classes``.
     """
 
@@ -35,9 +36,12 @@ class ArchSpec:
         """
         kind, _, name = self.spec.partition(":")
         if not name:
-            raise ModelLoadError(f"architecture spec {self.spec!r} must look like torchvision:NAME or package.module:Class")
+            raise ModelLoadError(f"architecture spec {self.spec!r} must look like torchvision:NAME, timm:NAME "
+                                 "or package.module:Class")
         if kind == "torchvision":
             return _build_torchvision(name, self.kwargs)
+        if kind == "timm":
+            return _build_timm(name, self.kwargs)
         return _build_class(kind, name, self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,6 +77,21 @@ def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
         return torchvision.models.get_model(name, **no_weights, **extra, **kwargs)
     except (TypeError, ValueError) as e:
         raise ModelLoadError(f"cannot build torchvision:{name} with {kwargs}: {e}") from e
+
+
+def _build_timm(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    try:
+        import timm
+    except ImportError as e:
+        raise ModelLoadError("timm:NAME needs timm: pip install timm") from e
+    if not timm.is_model(name):
+        close = timm.list_models(f"{name[:4]}*")[:5]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ModelLoadError(f"unknown timm model {name!r}{hint}; see timm.list_models()")
+    try:
+        return timm.create_model(name, pretrained=False, **kwargs)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot build timm:{name} with {kwargs}: {e}") from e
 
 
 def import_module_class(module_name: str, class_name: str) -> type[nn.Module]:

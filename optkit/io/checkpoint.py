@@ -59,6 +59,8 @@ def save(model: nn.Module, path: str | os.PathLike, arch: ArchSpec | None, *, ex
             a whole pickle) saves the whole module, which then needs trust to load.
         extra: plain values stored alongside (e.g. the recipe that produced it).
     """
+    from optkit.kinds.base import KIND_ATTRIBUTE
+
     model = unwrap(model)
     if arch is None:
         payload: Any = model
@@ -68,6 +70,7 @@ def save(model: nn.Module, path: str | os.PathLike, arch: ArchSpec | None, *, ex
             "version": VERSION,
             "optkit_version": __version__,
             "arch": arch.to_dict(),
+            "kind": model.__dict__.get(KIND_ATTRIBUTE),
             "structure": structure_diff(arch.build(), model),
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "extra": extra or {},
@@ -120,6 +123,10 @@ def rebuild(checkpoint: dict[str, Any], *, trust: bool = False,
         model.load_state_dict(state_dict)
     except RuntimeError as e:
         raise ModelLoadError(f"slimmed checkpoint weights do not fit the rebuilt model: {str(e).splitlines()[0]}") from e
+    if checkpoint.get("kind") is not None:
+        from optkit.kinds import set_kind
+
+        set_kind(model, checkpoint["kind"])
     return model, arch
 
 
@@ -130,7 +137,7 @@ def _check_arch_module(spec: str, *, confirmed: str | None, trust: bool) -> None
     module_name = spec.partition(":")[0]
     if trust or confirmed == spec or module_name in sys.modules:
         return
-    if module_name.split(".")[0] in ("torchvision", "optkit"):
+    if module_name.split(".")[0] in ("torchvision", "timm", "optkit"):
         return
     raise ModelLoadError(f"checkpoint's architecture {spec} would import module {module_name} and run its code; "
                          f"if you expect that architecture pass --arch {spec}, or --trust if you trust the file")

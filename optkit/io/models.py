@@ -4,20 +4,26 @@ Accepted specs:
 
 * ``torchvision:NAME``: any name from ``torchvision.models.list_models()``,
   with random weights (nothing is downloaded) and ``num_classes``;
-* a ``state_dict`` file plus ``arch`` (``torchvision:NAME`` or
-  ``package.module:Class``);
+* ``timm:NAME``: any name from ``timm.list_models()``, built with ``pretrained=False``;
+* a ``state_dict`` file (``torch.save`` or ``.safetensors``) plus ``arch``
+  (``torchvision:NAME``, ``timm:NAME`` or ``package.module:Class``);
 * an optkit slimmed checkpoint (see :mod:`optkit.io.checkpoint`);
 * a whole pickled ``nn.Module``, only with ``trust=True``.
 
-Files are always read with ``torch.load(weights_only=True)`` unless the user
-trusts them, so a pickle's code never runs by accident.
+Files are always read with ``torch.load(weights_only=True)`` (or as
+safetensors) unless the user trusts them, so a pickle's code never runs by
+accident. A model's kind (:mod:`optkit.kinds`) is inferred from its structure,
+or named with ``kind=`` (``--kind``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +34,17 @@ from torch import nn
 from optkit.core.errors import ModelLoadError, UntrustedPickleError
 from optkit.io import confirmed
 from optkit.io.architectures import ArchSpec, arch_spec, torchvision_names
+from optkit.kinds.image import input_channels
+
+__all__ = ["BUILDER_PREFIXES", "LoadedModel", "describe_mismatch", "infer_input_shape", "input_channels", "load",
+           "load_model", "read_checkpoint", "read_safetensors", "requested_kind"]
+
+#: Spec prefixes that build an architecture by name (no file needed).
+BUILDER_PREFIXES = ("torchvision:", "timm:")
+#: safetensors files start with the little-endian length of a JSON header that opens with ``{``.
+SAFETENSORS_HEADER_OFFSET = 8
+
+_requested_kind: contextvars.ContextVar[str | None] = contextvars.ContextVar("optkit_requested_kind", default=None)
 
 #: How much a zip checkpoint's members may expand beyond the file's own size.
 #: ``torch.save`` stores members uncompressed, so a real checkpoint never
@@ -58,25 +75,48 @@ class LoadedModel:
 
 
 def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,
-         trust: bool = False) -> LoadedModel:
+         trust: bool = False, kind: str | None = None) -> LoadedModel:
     """Load a model from a spec, keeping track of its architecture.
 
     Args:
-        spec: ``torchvision:NAME`` or a path to a checkpoint.
+        spec: ``torchvision:NAME``, ``timm:NAME`` or a path to a checkpoint.
         arch: architecture for a ``state_dict`` file.
         num_classes: classifier size when building an architecture.
         trust: allow full unpickling (a whole pickled module).
+        kind: the model's kind (see :mod:`optkit.kinds`); by default the one
+            :func:`requested_kind` set, else inferred from the model.
 
     Returns:
         the model and how to rebuild it.
 
     Raises:
         ModelLoadError: with what was wrong and how to fix it.
+        OptkitError: for an unknown kind name.
     """
+    from optkit.kinds import set_kind
+
+    loaded = _load(spec, arch=arch, num_classes=num_classes, trust=trust)
+    named = kind if kind is not None else _requested_kind.get()
+    if named is not None:
+        set_kind(loaded.model, named)
+    return loaded
+
+
+@contextlib.contextmanager
+def requested_kind(kind: str | None) -> Iterator[None]:
+    """While active, every :func:`load` without ``kind=`` names its model's kind ``kind`` (``--kind``)."""
+    token = _requested_kind.set(kind)
+    try:
+        yield
+    finally:
+        _requested_kind.reset(token)
+
+
+def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None, trust: bool) -> LoadedModel:
     text = os.fspath(spec)
-    if text.startswith("torchvision:") and not Path(text).exists():
+    if text.startswith(BUILDER_PREFIXES) and not Path(text).exists():
         if arch is not None:
-            raise ModelLoadError("--arch is only for state_dict files; a torchvision:NAME spec already names the architecture")
+            raise ModelLoadError(f"--arch is only for state_dict files; {text} already names the architecture")
         architecture = arch_spec(text, num_classes)
         return LoadedModel(architecture.build(), architecture, text)
 
@@ -92,7 +132,8 @@ def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int |
     if state_dict is None:
         raise ModelLoadError(f"{text}: not a model checkpoint (found {type(obj).__name__}, expected a state_dict or an optkit model.pt)")
     if arch is None:
-        raise ModelLoadError(f"{text} holds only weights (a state_dict); name the architecture with --arch torchvision:NAME or --arch package.module:Class")
+        raise ModelLoadError(f"{text} holds only weights (a state_dict); name the architecture with --arch "
+                             "torchvision:NAME, --arch timm:NAME or --arch package.module:Class")
     architecture = arch_spec(arch, num_classes)
     model = architecture.build()
     mismatch = describe_mismatch(model.state_dict(), state_dict)
@@ -165,6 +206,10 @@ def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         raise ModelLoadError(f"{p} is empty; it is not a PyTorch checkpoint")
     with open(p, "rb") as f:
         magic = f.read(2)
+        f.seek(SAFETENSORS_HEADER_OFFSET)
+        header_start = f.read(1)
+    if header_start == b"{" and magic not in (b"PK",) and magic[:1] != b"\x80":
+        return read_safetensors(p)
     # torch.save writes a zip archive ("PK"); older files are raw pickles (0x80 = protocol 2+).
     if magic != b"PK" and magic[:1] != b"\x80":
         raise ModelLoadError(f"{p} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
@@ -178,6 +223,22 @@ def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         if "Weights only load failed" in str(e):
             raise UntrustedPickleError(f"{p} was refused: {TRUST_HINT}") from e
         raise ModelLoadError(f"{p} is not a readable PyTorch checkpoint ({type(e).__name__}: {_short(e)})") from e
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a ``.safetensors`` file's tensors (a format that holds no code, so no trust is needed).
+
+    Raises:
+        ModelLoadError: for a damaged file or a missing ``safetensors`` package.
+    """
+    try:
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise ModelLoadError(f"{path} is a safetensors file: pip install safetensors") from e
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as e:
+        raise ModelLoadError(f"{path} is not a readable safetensors file ({_short(e)})") from e
 
 
 def _check_zip(path: Path) -> None:
@@ -212,23 +273,17 @@ def _find_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
 def infer_input_shape(loaded: LoadedModel) -> tuple[int, ...]:
     """The input shape to use when none is given.
 
-    The shape an optkit ``model.pt`` records, else the usual shape for the
-    spec (:func:`default_input_shape`) with the first convolution's input
-    channels (so a grayscale model gets 1).
+    The shape an optkit ``model.pt`` records, else the default of the model's
+    kind (:meth:`optkit.kinds.ModelKind.default_shape`: an image batch with the
+    first convolution's input channels, so a grayscale model gets 1, at 299×299
+    for inception_v3 and 224×224 otherwise; ``1,128`` token ids for a language
+    model, fewer when it has fewer positions).
     """
+    from optkit.kinds import kind_of
+
     if loaded.recorded_input_shape is not None:
         return loaded.recorded_input_shape
-    shape = default_input_shape(loaded.source)
-    channels = input_channels(loaded.model)
-    return (shape[0], channels, *shape[2:]) if channels is not None else shape
-
-
-def input_channels(model: nn.Module) -> int | None:
-    """The input channels of the model's first 2-D convolution, or ``None`` without one."""
-    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    return first_conv.in_channels if first_conv is not None else None
-
-
-def default_input_shape(spec: str) -> tuple[int, int, int, int]:
-    """The usual input shape for a model spec: 299×299 for inception_v3, 224×224 otherwise."""
-    return (1, 3, 299, 299) if str(spec).endswith("inception_v3") else (1, 3, 224, 224)
+    shape = kind_of(loaded.model).default_shape(loaded.model)
+    if str(loaded.source).endswith("inception_v3") and len(shape) == 4:
+        return (*shape[:2], 299, 299)
+    return shape

@@ -258,9 +258,10 @@ def _load_sources() -> None:
         importlib.import_module(module)
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         cls = entry.load()
-        if cls.name != entry.name:
-            raise ValueError(f"entry point {entry.name!r} in group {ENTRY_POINT_GROUP} loads kind {cls.name!r}; "
-                             "the entry point's name must be the kind's name")
+        if getattr(cls, "name", None) != entry.name:
+            raise OptkitError(f"entry point {entry.name!r} in group {ENTRY_POINT_GROUP} loads {cls!r}, whose name is not "
+                              f"{entry.name!r}; the entry point's name must be the kind's name")
+        register_kind(cls)
 
 
 @lru_cache(maxsize=1)

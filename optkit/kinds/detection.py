@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 DETECTION_FIELDS = ("boxes", "scores", "labels")
 EXTRA_FIELDS = ("masks", "keypoints", "keypoints_scores")
 DEFAULT_IMAGE_SIZE = 320
+#: Detections further apart than this (pixels, or score) are not the same detection (see _matched_difference).
+MATCH_DISTANCE = 1.0
+#: The share of detections that may differ between two runtimes at NMS and cut-off boundaries.
+UNMATCHED_FRACTION = 0.05
 BACKBONE = "backbone"
 
 
@@ -38,7 +42,8 @@ class Detection(ModelKind):
     the images as separate inputs (its image count is fixed) and returns each
     image's boxes, scores and labels. Two models' detections are compared as
     sets: each detection is matched with the other model's nearest one of the
-    same label. Structured pruning works inside the backbone; the feature maps
+    same label, and a few may differ where suppression decides between
+    near-equal boxes. Structured pruning works inside the backbone; the feature maps
     it hands to the heads keep their width.
     """
 
@@ -91,8 +96,6 @@ class Detection(ModelKind):
         for start in range(0, len(expected), len(DETECTION_FIELDS)):
             boxes, scores, labels = expected[start:start + 3]
             other_boxes, other_scores, other_labels = actual[start:start + 3]
-            if len(other_scores) != len(scores):
-                raise ValueError(f"{len(other_scores)} detections where the reference has {len(scores)}")
             diff = max(diff, _matched_difference(np.column_stack([boxes, scores]), labels,
                                                  np.column_stack([other_boxes, other_scores]), other_labels))
             scale = max(scale, float(np.max(np.abs(boxes))) if boxes.size else 0.0)
@@ -103,17 +106,38 @@ class Detection(ModelKind):
 
 
 def _matched_difference(reference, labels, other, other_labels) -> float:
-    """Largest box/score difference after matching each reference detection with the nearest unused one of its label."""
+    """Largest box/score difference between matched detections of two models on one image.
+
+    Detections are matched from the highest score down, each with the other
+    model's nearest unused detection of its label (within :data:`MATCH_DISTANCE`
+    pixels or score). Non-maximum suppression and the per-image limit are
+    discontinuous: a difference in the last digits can keep one of two
+    near-equal boxes instead of the other, and with untrained weights many boxes
+    are near-equal. So up to :data:`UNMATCHED_FRACTION` of the detections (at
+    least one) may go unmatched on either side.
+
+    Raises:
+        ValueError: when more detections than that have no counterpart.
+    """
     import numpy as np
 
     free = np.ones(len(other), dtype=bool)
     worst = 0.0
-    for row, label in zip(reference, labels):
-        candidates = np.flatnonzero(free & (other_labels == label))
+    unmatched = 0
+    for index in np.argsort(-reference[:, 4], kind="stable"):
+        candidates = np.flatnonzero(free & (other_labels == labels[index]))
         if not len(candidates):
-            raise ValueError(f"a detection of label {int(label)} has no counterpart")
-        distances = np.max(np.abs(other[candidates].astype(np.float64) - row), axis=1)
-        best = candidates[int(np.argmin(distances))]
-        free[best] = False
-        worst = max(worst, float(np.min(distances)))
+            unmatched += 1
+            continue
+        distances = np.max(np.abs(other[candidates].astype(np.float64) - reference[index]), axis=1)
+        if distances.min() > MATCH_DISTANCE:
+            unmatched += 1
+            continue
+        free[candidates[int(np.argmin(distances))]] = False
+        worst = max(worst, float(distances.min()))
+    unmatched = max(unmatched, int(free.sum()))
+    allowed = max(1, int(UNMATCHED_FRACTION * max(len(reference), len(other))))
+    if unmatched > allowed:
+        raise ValueError(f"{unmatched} of {max(len(reference), len(other))} detections have no counterpart "
+                         f"(at most {allowed} may differ at suppression and cut-off boundaries)")
     return worst
