@@ -450,3 +450,25 @@ def test_optimize_cli_folds_batchnorm(tmp_path):
     assert 'name = "fold_batchnorm"' in (out / "recipe.toml").read_text()
     reloaded = models.load_model(out / "model.pt")
     assert not any(isinstance(m, BNS) for m in reloaded.modules())
+
+
+def _rgb_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(4, 10))
+
+
+def test_recalibrate_repeats_grayscale_images_to_the_models_channels_as_training_does():
+    """#31: grayscale data for an RGB model was fed as-is and failed; training repeats it to 3 channels."""
+    model = _rgb_net()
+    run = Pipeline([RecalibrateBatchNorm(data="synthetic:64:1x12x12:10", batches=2, batch_size=8)],
+                   input_shape=(1, 3, 16, 16)).run(model, measure_stats=False)
+    assert run.records[0].details["batches"] == 2 and run.records[0].details["recalibrated"] == 1
+    assert int(model[1].num_batches_tracked) == 2
+
+
+def test_insert_calibrates_on_grayscale_images_adapted_to_the_input_shape():
+    model = InsertBatchNorm(data="synthetic:64:1x12x12:10", batches=2, batch_size=8,
+                            input_shape=(1, 3, 16, 16))(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+    assert isinstance(model[0], ConvBatchNorm)
+    # Calibrated from the data's activations, not left at the identity's running_var of 1 - eps.
+    assert int(model[0][1].num_batches_tracked) == 2

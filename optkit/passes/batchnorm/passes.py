@@ -234,7 +234,8 @@ class InsertBatchNorm(Pass):
     def apply(self, model: nn.Module) -> PassResult:
         calibration = None
         if self.data is not None:
-            calibration = _data_batches(self.data, self.split, self.batch_size, self.batches, self.num_workers)
+            calibration = _data_batches(self.data, self.split, self.batch_size, self.batches, self.num_workers,
+                                        self.input_shape)
         details = insert_batchnorm(model, calibration, input_shape=self.input_shape, eps=self.eps,
                                    momentum=self.momentum)
         return PassResult(model, details)
@@ -263,7 +264,9 @@ class FoldBatchNorm(Pass):
 class RecalibrateBatchNorm(Pass):
     """Re-estimate BatchNorm running statistics from data (after pruning); no weight updates.
 
-    Works in place; see :func:`recalibrate_batchnorm`.
+    The images are adapted to ``input_shape`` as training adapts them (grayscale
+    repeated to the model's channels, resized to its height and width; see
+    :mod:`optkit.data.adapt`). Works in place; see :func:`recalibrate_batchnorm`.
     """
 
     name = "recalibrate_batchnorm"
@@ -275,23 +278,29 @@ class RecalibrateBatchNorm(Pass):
                               low=2)
     split: str = setting("train", help="The dataset split to draw from.", choices=SPLITS)
     num_workers: int | str = workers_setting(0)
+    input_shape: tuple[int, ...] | None = shared_setting("input_shape")
 
     def check(self) -> None:
         if self.data is None:
             raise ValueError("recalibrating BatchNorm needs data: set data to a dataset spec such as 'fashion-mnist'")
 
     def apply(self, model: nn.Module) -> PassResult:
-        batches = _data_batches(self.data, self.split, self.batch_size, self.batches, self.num_workers)
+        batches = _data_batches(self.data, self.split, self.batch_size, self.batches, self.num_workers,
+                                self.input_shape)
         details = recalibrate_batchnorm(model, batches, num_batches=self.batches)
         details["data"] = self.data
         return PassResult(model, details)
 
 
-def _data_batches(spec: str, split: str, batch_size: int, count: int, num_workers: int | str) -> list[Any]:
+def _data_batches(spec: str, split: str, batch_size: int, count: int, num_workers: int | str,
+                  input_shape: tuple[int, ...] | None) -> list[Any]:
     from optkit.data import load_dataset, make_loader
+    from optkit.data.adapt import adapted
 
     # No augmentation: the statistics should match what the model sees at inference.
     dataset = load_dataset(spec, split, augment=False)
+    if input_shape is not None:
+        dataset = adapted(dataset, input_shape)
     loader = make_loader(dataset, batch_size, shuffle=True, num_workers=num_workers, seed=0, drop_last=True)
     return list(itertools.islice(loader, count))
 
