@@ -22,8 +22,8 @@ from optkit.io.models import read_checkpoint
 
 CHECKPOINT_FORMAT = "optkit.train-checkpoint"
 #: Settings a resumed run must share with the run that wrote the checkpoint, or it would not end in the same place.
-RESUME_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup", "seed", "amp", "alpha", "temperature",
-               "max_train_samples", "max_steps")
+RESUME_KEYS = ("data", "input_shape", "epochs", "batch_size", "lr", "weight_decay", "warmup", "grad_clip", "seed",
+               "amp", "distill", "alpha", "temperature", "max_train_samples", "max_steps")
 
 
 @dataclass
@@ -67,9 +67,14 @@ def run_identity(settings: Any, world: int) -> dict[str, Any]:
         world: the number of processes.
 
     Returns:
-        ``{key: value}`` for each of :data:`RESUME_KEYS`, and ``world_size``.
+        ``{key: value}`` for each of :data:`RESUME_KEYS` (``None`` for one ``settings`` lacks), and ``world_size``.
     """
-    return {key: getattr(settings, key) for key in RESUME_KEYS} | {"world_size": world}
+    return {key: _plain(getattr(settings, key, None)) for key in RESUME_KEYS} | {"world_size": world}
+
+
+def _plain(value: Any) -> Any:
+    # Tuples come back from a checkpoint as lists; compare them as lists.
+    return list(value) if isinstance(value, tuple) else value
 
 
 class Checkpoints:
@@ -152,9 +157,9 @@ class Checkpoints:
             raise TrainingError(f"cannot resume: {self.path} is not an optkit training checkpoint; "
                                 "remove it or give another checkpoint file")
         written = payload.get("settings", {})
-        different = sorted(k for k, v in self.identity.items() if written.get(k) != v)
+        different = [k for k, v in self.identity.items() if written.get(k) != v]
         if different:
-            found = ", ".join(f"{k}={written.get(k)!r}" for k in different)
+            found = ", ".join(f"{k}={written[k]!r}" if k in written else f"no {k} recorded" for k in different)
             raise TrainingError(f"cannot resume from {self.path}: it was written with {found}; "
                                 "rerun with those settings or remove it")
         return payload

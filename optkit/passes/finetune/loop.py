@@ -56,6 +56,7 @@ class TrainResult:
         best_epoch: 1-based epoch whose weights were kept (the last one without validation data).
         best_accuracy: validation accuracy of those weights, or ``None`` without validation data.
         skipped_steps: fp16 steps the gradient scaler skipped for overflow.
+        resumed: with ``resume``, one line on where the run resumed (or that it found no checkpoint).
     """
 
     model: nn.Module
@@ -63,6 +64,7 @@ class TrainResult:
     best_epoch: int = 0
     best_accuracy: float | None = None
     skipped_steps: int = 0
+    resumed: str | None = None
 
 
 @torch.no_grad()
@@ -155,6 +157,9 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, settings:
     checkpoints = Checkpoints(settings.checkpoint, run_identity(settings, world), rank=rank, model=model,
                               optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     state = checkpoints.resume() if settings.resume else RunState()
+    resumed = _resume_line(settings.checkpoint, checkpoints.saved, state, total_steps) if settings.resume else None
+    if resumed and rank == 0:
+        _log.info("%s", resumed)
     trainer = _Trainer(wrap_ddp(model, device), teacher, optimizer, scheduler, scaler, dtype, settings,
                        _zero_masks(model) if keep_sparsity else [])
 
@@ -171,7 +176,15 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, settings:
 
     if state.best_weights is not None:
         model.load_state_dict(state.best_weights)
-    return TrainResult(model, state.history, state.best_epoch, state.best_accuracy, state.skipped)
+    return TrainResult(model, state.history, state.best_epoch, state.best_accuracy, state.skipped, resumed)
+
+
+def _resume_line(path: str | None, found: bool, state: RunState, total_steps: int) -> str:
+    if found and state.step >= total_steps:
+        return f"resumed from {path}: the run there had finished all {total_steps} steps, so its best weights are kept"
+    if found:
+        return f"resumed from {path} at step {state.step} of {total_steps} (epoch {state.epoch + 1})"
+    return f"nothing to resume: no checkpoint at {path or '(no checkpoint file set)'}, so training started from the beginning"
 
 
 def _count_steps(samples: int, world: int, settings: Any) -> tuple[int, int]:

@@ -112,8 +112,9 @@ class FineTune(Pass):
                    "history": result.history}
         if result.skipped_steps:
             details["skipped_fp16_steps"] = result.skipped_steps
-        if warning:
-            details["notes"] = [warning]
+        notes = [note for note in (result.resumed, warning) if note]
+        if notes:
+            details["notes"] = notes
         return PassResult(result.model, details)
 
 
