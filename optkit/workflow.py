@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,12 +18,13 @@ from optkit.analysis.evaluation import EvalSettings
 from optkit.analysis.model_info import layer_channels
 from optkit.io.models import LoadedModel
 from optkit.io.outputs import StagedOutputs, prepare_output_dir
+from optkit.core.context import RunContext
+from optkit.core.forms import TORCH
 from optkit.core.pipeline import Pipeline
 from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx")
-EXPORT_FORMATS = ("onnx",)
 #: Below this many ms per batch-1 call, ONNX Runtime's own per-call cost is a large part of the time, so
 #: the report also times a batch that takes about :data:`COMPUTE_MS`, where the model's work dominates.
 OVERHEAD_BOUND_MS = 1.0
@@ -64,8 +66,8 @@ def _dataset_specs(pipeline: Pipeline) -> list[str]:
     from optkit.core.settings import declared
 
     specs: list[str] = []
-    for step in [*pipeline.passes, pipeline.int8]:
-        if isinstance(step, Pass) or dataclasses.is_dataclass(step):
+    for step in pipeline.passes:
+        if isinstance(step, Pass):
             specs += [getattr(step, f.name) for f in dataclasses.fields(step)
                       if (d := declared(f)) is not None and d.dataset and getattr(step, f.name)]
     return list(dict.fromkeys(specs))
@@ -84,17 +86,21 @@ def check_data(pipeline: Pipeline) -> None:
 
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
-             on_pass: Callable[[int, int, str], None] | None = None, export: str | None = None,
-             latency: bool | None = None, evaluation: EvalSettings | None = None) -> dict[str, Any]:
+             on_pass: Callable[[int, int, str], None] | None = None, latency: bool | None = None,
+             evaluation: EvalSettings | None = None, resume: bool = False, teacher=None) -> dict[str, Any]:
     """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
     and ``channels.png`` (output channels per layer, before and after).
 
     All files appear together at the end, or none do (a failure leaves
-    ``out_dir`` as it was). In a distributed run only rank 0 writes. With
-    ``export="onnx"``, a verified ``model.onnx`` is written too (see
-    :func:`optkit.export.onnx.export_onnx`) and the report gets an ``export``
-    section with the compressed size of the weights before and after. With
-    ``latency=True``, the model is also timed before and after the passes
+    ``out_dir`` as it was). In a distributed run only rank 0 writes. The passes
+    get a :class:`~optkit.core.context.RunContext`: the output folder (training
+    checkpoints), a staging folder for the files they publish, ``resume``, the
+    ``teacher`` (default: a copy of the model before the passes, for the passes
+    that distil), the process rank and the data's normalization. A pipeline with an
+    ``export_onnx`` step writes a verified ``model.onnx`` (and ``model.int8.onnx``
+    after an ``int8`` step); the report gets an ``export`` section with the
+    compressed size of the weights before and after (and an ``int8`` section).
+    With ``latency=True``, the model is also timed before and after the passes
     (PyTorch eager, where it lives). Unless ``latency=False``, a run that
     exports ONNX times the original and the result in ONNX Runtime, interleaved,
     at batch 1 with every core (:func:`onnx_latency`), and the report puts the
@@ -107,73 +113,76 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
 
     Raises:
         OptkitError: for an unusable output folder, a model that does not run
-            at the pipeline's input shape, or a failing pass (``PassError``).
-        ExportError: when the exported model does not verify (nothing is written).
+            at the pipeline's input shape, or a failing pass (``PassError``,
+            which wraps an ``ExportError`` when the exported model does not verify; nothing is written).
     """
-    from optkit.passes.finetune.distributed import is_main_process
+    from optkit.runtime.distributed import launch_rank
 
-    if export is not None and export not in EXPORT_FORMATS:
-        raise OptkitError(f"unknown export format {export!r}; choose from {', '.join(EXPORT_FORMATS)}")
-    if pipeline.int8 is not None and export != "onnx":
-        raise OptkitError("INT8 quantizes the exported ONNX model: add --export onnx")
-    # Under torchrun every rank runs the pipeline (pruning identically, then training
-    # together); only rank 0 writes.
-    main = is_main_process()
+    rank, world_size = launch_rank()
+    main = rank == 0
     # Every file a run may write needs --force to replace: one this run does not
     # write is removed when its results are published (see StagedOutputs).
-    out = prepare_output_dir(out_dir, OUTPUT_FILES + EXPORT_FILES, force=force) if main else None
+    out = prepare_output_dir(out_dir, OUTPUT_FILES + EXPORT_FILES, force=force) if main else Path(out_dir)
     check_runs(loaded, pipeline.input_shape)
     check_data(pipeline)
     scorer = Scorer(evaluation, loaded.model, pipeline.input_shape) if evaluation is not None else None
+    exports = pipeline.writes_files()
+    context = RunContext(out_dir=out, teacher=teacher, resume=resume, rank=rank, world_size=world_size,
+                         data=data_normalization(pipeline))
     # Measured now: the passes change the model in place.
-    weights_before = weights_sizes(loaded.model) if export and main else None
+    weights_before = weights_sizes(loaded.model) if exports and main else None
     channels = {"before": layer_channels(loaded.model)}
     timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
     with tempfile.TemporaryDirectory(prefix="optkit-original-") as scratch:
         original_onnx = (_export_original(loaded.model, Path(scratch), pipeline.input_shape)
-                         if export == "onnx" and latency is not False and main else None)
-        return _run_and_write(loaded, pipeline, out, main=main, on_pass=on_pass, export=export, scorer=scorer,
+                         if exports and latency is not False and main else None)
+        return _run_and_write(loaded, pipeline, context, on_pass=on_pass, scorer=scorer,
                               weights_before=weights_before, channels=channels, timings=timings,
                               original_onnx=original_onnx)
 
 
-def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, out, *, main: bool, on_pass, export: str | None,
-                   scorer: Scorer | None, weights_before, channels: dict, timings: dict | None,
-                   original_onnx: Path | None) -> dict[str, Any]:
+def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext, *, on_pass, scorer: Scorer | None,
+                   weights_before, channels: dict, timings: dict | None, original_onnx: Path | None) -> dict[str, Any]:
     """Run the passes, then write every output together (see :func:`optimize`)."""
-    run = pipeline.run(loaded.model, on_pass=on_pass if main else None,
-                       after_pass=scorer.after_pass if scorer is not None else None)
-    channels["after"] = layer_channels(checkpoint.unwrap(run.model))
-    if timings is not None:
-        timings["after"] = time_model(run.model, pipeline.input_shape)
-    recipe_text = pipeline.to_toml()
-    if not main:
+    out = context.out_dir
+    after_pass = scorer.after_pass if scorer is not None else None
+    if not context.is_main:
+        run = pipeline.run(loaded.model, context=context, after_pass=after_pass)
         return build_report(run, model=loaded.source, input_shape=pipeline.input_shape)
-    with StagedOutputs(out, superseded=OUTPUT_FILES + EXPORT_FILES) as staged:
+    with contextlib.ExitStack() as stack:
+        # Files the passes write (model.onnx) are staged from the start; without them the staging
+        # folder appears only once the passes are done.
+        early = (stack.enter_context(StagedOutputs(out, superseded=OUTPUT_FILES + EXPORT_FILES))
+                 if pipeline.writes_files() else None)
+        context.files_dir = early.staging if early is not None else None
+        full_run = pipeline.run(loaded.model, context=context, on_pass=on_pass, after_pass=after_pass)
+        staged = early or stack.enter_context(StagedOutputs(out, superseded=OUTPUT_FILES + EXPORT_FILES))
+        run = full_run.torch_part()
+        channels["after"] = layer_channels(checkpoint.unwrap(run.model))
+        if timings is not None:
+            timings["after"] = time_model(run.model, pipeline.input_shape)
+        recipe_text = pipeline.to_toml()
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
         files = {"model.pt": staged.path("model.pt").stat().st_size}
-        normalization = data_normalization(pipeline)
-        exported = _export(staged, run.model, pipeline, weights_before, onnx_metadata(normalization)) if export else {}
-        files.update({name: section["file_size"] for name, section in exported.items()})
-        onnx_timing = (onnx_latency(original_onnx, staged.path("model.onnx"), pipeline.input_shape,
+        exported = _file_sections(full_run, run.model, weights_before)
+        files.update({section["path"]: section["file_size"] for section in exported.values()})
+        exported_file = next((Path(r.details["path"]) for r in full_run.records if r.name == "export_onnx"), None)
+        onnx_timing = (onnx_latency(original_onnx, exported_file, pipeline.input_shape,
                                     run.after.macs / run.before.macs if run.before.macs else None)
-                       if original_onnx is not None else None)
+                       if original_onnx is not None and exported_file is not None else None)
         source = Path(loaded.source)
         report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
                               channels=channels, input_file_size=source.stat().st_size if source.is_file() else None,
                               latency=timings, onnx_latency=onnx_timing)
-        for name, section in exported.items():
-            report["export" if name == "model.onnx" else "int8"] = section
+        for key, section in exported.items():
+            report[key] = section
             report["notes"].extend(section["notes"])
-            if scorer is not None:
-                scorer.score_onnx(name, staged.path(name))
-
         if scorer is not None:
             report["evaluation"] = scorer.section()
             report["accuracy"] = scorer.accuracy()
-        if normalization:
-            report["data"] = normalization
+        if context.data:
+            report["data"] = context.data
         if loaded.arch is None:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -181,6 +190,19 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, out, *, main: bool, 
         staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
     _remember_architecture(loaded, out)
     return report
+
+
+def _file_sections(run, model, weights_before: dict[str, int] | None) -> dict[str, dict[str, Any]]:
+    """The report sections of the steps that wrote files, by report key (``export``, ``int8``, else the step's name)."""
+    sections = {}
+    for record in run.records:
+        if record.form == TORCH:
+            continue
+        if record.name == "export_onnx":
+            sections["export"] = _export_section(record.details, model, weights_before)
+        else:
+            sections[record.name] = {**record.details, "path": Path(record.details["path"]).name}
+    return sections
 
 
 class Scorer:
@@ -195,9 +217,12 @@ class Scorer:
         self.stages = [{"stage": "original", **evaluation.score(self.reference, self.eval_set)}]
 
     def after_pass(self, record, model) -> None:
-        """Score the model after a pass (a ``Pipeline.run`` ``after_pass`` hook)."""
+        """Score the model after a pass (a ``Pipeline.run`` ``after_pass`` hook); a file form in ONNX Runtime."""
         from optkit.analysis import evaluation
 
+        if record.form != TORCH:
+            self.score_onnx(Path(model.path).name, Path(model.path))
+            return
         logits = evaluation.torch_logits(model, self.eval_set, self.settings.batch_size)
         self.stages.append({"stage": f"after {record.name}", **evaluation.score(logits, self.eval_set, self.reference)})
 
@@ -303,58 +328,9 @@ def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
     return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}
 
 
-def onnx_metadata(normalization: dict[str, dict[str, str]]) -> dict[str, str]:
-    """ONNX ``metadata_props`` naming the input normalization the model was trained or calibrated with.
-
-    Recorded only when the passes read one dataset spec, so the values are unambiguous.
-    """
-    if len(normalization) != 1:
-        return {}
-    ((spec, values),) = normalization.items()
-    return {"optkit.data": spec, "optkit.input_mean": values["mean"], "optkit.input_std": values["std"]}
-
-
-def _export(staged, model, pipeline: Pipeline, weights_before: dict[str, int],
-            metadata: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Write ``model.onnx`` (and ``model.int8.onnx`` with INT8 settings) into the staging folder.
-
-    Returns:
-        the report section of each file written, by file name.
-    """
-    sections = {"model.onnx": _export_onnx(model, staged.path("model.onnx"), pipeline.input_shape, weights_before,
-                                           metadata)}
-    if pipeline.int8 is not None:
-        sections["model.int8.onnx"] = quantize_exported(staged.path("model.onnx"), staged.path("model.int8.onnx"),
-                                                        pipeline.int8, pipeline.input_shape)
-    return sections
-
-
-def quantize_exported(fp32_path: Path, int8_path: Path, settings, input_shape: tuple[int, ...]) -> dict[str, Any]:
-    """Quantize an exported file to INT8 (verified on the task) and time both, for the report.
-
-    Raises:
-        DataError, ExportError: as :func:`optkit.passes.quantize.quantize_onnx` does; nothing is written then.
-    """
-    from optkit.passes.quantize import compare_latency, quantize_onnx
-
-    result = quantize_onnx(fp32_path, int8_path, settings, input_shape=input_shape).to_dict()
-    result["path"] = Path(int8_path).name
-    result["file_size"] = result["int8_size"]
-    result["latency"] = compare_latency(fp32_path, int8_path, input_shape, threads=(os.cpu_count() or 1,))
-    check = f"agreement {result['agreement']:.1%} with FP32"
-    if result.get("accuracy_int8") is not None:
-        check += f", accuracy {result['accuracy_fp32']:.2%} -> {result['accuracy_int8']:.2%}"
-    timing = "; ".join(f"batch {r['batch_size']}, {r['threads']} thread(s): {r['fp32']['median_ms']:.2f} -> "
-                       f"{r['int8']['median_ms']:.2f} ms" for r in result["latency"]["runs"])
-    result["notes"] = [f"{Path(int8_path).name}: {result['mode']} INT8, {result['fp32_size']:,} -> "
-                       f"{result['int8_size']:,} bytes, {check}; ONNX Runtime {timing}", *result["notes"]]
-    return result
-
-
-def _export_onnx(model, path, input_shape: tuple[int, ...], weights_before: dict[str, int],
-                 metadata: dict[str, str]) -> dict[str, Any]:
-    """Export ``model`` to ``path`` and describe it for the report, with weight sizes before and after the passes."""
-    result = export_onnx(model, path, input_shape, metadata=metadata or None).to_dict()
+def _export_section(details: dict[str, Any], model, weights_before: dict[str, int]) -> dict[str, Any]:
+    """The report's ``export`` section: what ``export_onnx`` wrote, with weight sizes before and after the passes."""
+    result = dict(details)
     result["path"] = os.path.basename(result["path"])
     after = weights_sizes(model)
     result["weights_before"], result["weights_after"] = weights_before, after

@@ -1,9 +1,6 @@
-"""What the commands that run pipelines share: the built-in pass classes, fine-tune run options, epoch lines."""
+"""What the commands that run pipelines share: the built-in pass classes, the INT8 options, epoch lines."""
 
 from __future__ import annotations
-
-import dataclasses
-from pathlib import Path
 
 
 def builtin_classes() -> dict[str, type]:
@@ -46,16 +43,3 @@ def data_input_shape(model, data: str) -> tuple[int, int, int, int]:
 
     info = dataset_info(data)
     return (1, input_channels(model) or info.channels, *info.image_size)
-
-
-def finetune_run_options(pipeline, out_dir: str, *, resume: bool, teacher=None):
-    """Give the pipeline's ``finetune`` passes checkpoint files in ``out_dir``, ``resume`` and a teacher."""
-    stages = [i for i, p in enumerate(pipeline.passes) if getattr(p, "name", None) == "finetune"]
-    for number, index in enumerate(stages, start=1):
-        p = pipeline.passes[index]
-        name = "finetune.ckpt" if len(stages) == 1 else f"finetune-{number}.ckpt"
-        changes = {"resume": resume, "checkpoint": p.checkpoint or str(Path(out_dir) / name)}
-        if teacher is not None:
-            changes["teacher"] = teacher
-        pipeline.passes[index] = dataclasses.replace(p, **changes)
-    return pipeline

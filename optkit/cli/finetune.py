@@ -14,7 +14,7 @@ import click
 
 from optkit.cli import generated
 from optkit.cli._options import eval_options, eval_settings, model_options
-from optkit.cli._run import builtin_classes, data_input_shape, finetune_run_options, show_epoch_lines
+from optkit.cli._run import builtin_classes, data_input_shape, show_epoch_lines
 from optkit.core.settings import SHARED_SETTINGS
 
 _FINETUNE = builtin_classes()["finetune"]
@@ -54,7 +54,7 @@ def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, t
     from optkit.analysis.report import print_report
     from optkit.core.pipeline import Pipeline
     from optkit.io import models
-    from optkit.passes.finetune.distributed import init_distributed, is_main_process
+    from optkit.runtime.distributed import init_distributed, is_main_process
 
     evaluation = eval_settings(flags)
     if flags.get("distill") and teacher_spec is None:
@@ -71,8 +71,8 @@ def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, t
     if flags.get("device") is not None:
         recipe["device"] = flags["device"]
     pipeline = Pipeline.from_dict(recipe, source="command-line flags")
-    finetune_run_options(pipeline, out_dir, resume=bool(flags.get("resume")), teacher=teacher)
     report = workflow.optimize(loaded, pipeline, out_dir, force=force, evaluation=evaluation,
+                               resume=bool(flags.get("resume")), teacher=teacher,
                                on_pass=lambda i, n, name: console.print(f"[{i + 1}/{n}] running {name}"))
     if is_main_process():
         print_report(report, Console())

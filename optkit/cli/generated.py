@@ -169,17 +169,16 @@ def with_options(options: list[Callable]) -> Callable[[Callable], Callable]:
     return decorate
 
 
-def entries_from_flags(given: dict[str, Any], classes: dict[str, type], *, generic: Iterable[str] = (),
-                       used_elsewhere: Iterable[str] = ()) -> list[dict[str, Any]]:
+def entries_from_flags(given: dict[str, Any], classes: dict[str, type], *,
+                       generic: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the flags given, in stage order.
+
+    Run options (``recipe=False``) go to the passes at run time, never into the entries.
 
     Args:
         given: option values by click parameter name; ``None`` means not given.
         classes: the pass classes the flags were generated from, by name.
         generic: ``--pass`` values.
-        used_elsewhere: flags that something besides the passes reads (``--calib-data`` with ``--int8``),
-            so they may be given with no pass that takes them. Run options (``recipe=False``) go to the passes
-            at run time, never into the entries.
 
     Returns:
         one entry per pass that runs, each ``{"name": ..., setting: value}``.
@@ -197,8 +196,6 @@ def entries_from_flags(given: dict[str, Any], classes: dict[str, type], *, gener
         if value is None:
             continue
         uses = [use for use in flag.uses if use.pass_name in enabled_names]
-        if not uses and flag.name in set(used_elsewhere):
-            continue
         if not uses:
             raise click.UsageError(f"--{flag.name} {_applies_to(flag, flags, classes)}")
         for use in uses:

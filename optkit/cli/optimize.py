@@ -3,7 +3,9 @@
 The pass flags are generated from the registered passes' declarations
 (:mod:`optkit.cli.generated`); flags build the same structure as a recipe file
 (a list of ``[[pass]]`` tables), which goes through the same strict
-validation, and every run writes the recipe it ran.
+validation, and every run writes the recipe it ran. ``--export onnx`` and
+``--int8`` add the ``export_onnx`` and ``int8`` steps like any other pass flag,
+so the recipe reads prune, fine-tune, export, int8.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ import click
 
 from optkit.cli import _run, generated
 from optkit.cli._options import eval_options, eval_settings, model_options
-from optkit.cli._run import builtin_classes, finetune_run_options, int8_options, show_epoch_lines
-from optkit.passes.quantize.settings import Int8Settings
+from optkit.cli._run import builtin_classes, show_epoch_lines
 
 _CLASSES = builtin_classes()
 _FLAGS = generated.pass_flags(_CLASSES.values())
-# --calib-data is one option: it feeds the passes that take it and the INT8 calibration.
-_INT8_FLAGS = generated.settings_flags(Int8Settings, skip=("calib_data",))
 
 
 def _pass_options() -> list:
@@ -43,15 +42,11 @@ def _pass_options() -> list:
 @click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
               help="Output folder for model.pt, recipe.toml, report.json and report.md.")
 @click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
-@click.option("--export", "export_format", type=click.Choice(["onnx"]),
-              help="Also write model.onnx, verified against PyTorch in ONNX Runtime.")
 @click.option("--latency/--no-latency", default=None,
               help="--latency also times the model before and after in PyTorch eager; --no-latency skips the "
                    "ONNX Runtime timing (batch 1, every core) that runs with --export onnx by default.")
-@generated.with_options(int8_options(_INT8_FLAGS, "Also write model.int8.onnx, quantized and checked on the task "
-                                                 "(needs --export onnx and --calib-data)."))
-def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, export_format,
-                     latency, generic_passes, int8, **flags: Any) -> None:
+def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, latency,
+                     generic_passes, **flags: Any) -> None:
     """Slim MODEL (torchvision:NAME or a checkpoint file) and write the result and a report.
 
     Example: optkit optimize torchvision:resnet18 --prune 0.3 --out runs/demo
@@ -61,11 +56,11 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     from optkit import workflow
     from optkit.analysis.report import print_report
     from optkit.io import models
-    from optkit.passes.finetune.distributed import init_distributed, is_main_process
+    from optkit.runtime.distributed import init_distributed, is_main_process
 
     console = Console(stderr=True)
     evaluation = eval_settings(flags)
-    pipeline = _pipeline(recipe_path, input_shape, flags, generic_passes, int8)
+    pipeline = _pipeline(recipe_path, input_shape, flags, generic_passes)
     init_distributed()
     show_epoch_lines()
     for note in pipeline.notes if is_main_process() else ():
@@ -75,35 +70,25 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     if not pipeline.input_shape_given:
         pipeline.input_shape = (_run.data_input_shape(loaded.model, flags["finetune"]) if flags.get("finetune")
                                 else models.infer_input_shape(loaded))
-    finetune_run_options(pipeline, out_dir, resume=bool(flags.get("resume")))
 
     def on_pass(index: int, total: int, name: str) -> None:
         console.print(f"[{index + 1}/{total}] running {name}")
 
-    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, export=export_format,
-                               latency=latency, evaluation=evaluation)
+    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, latency=latency,
+                               evaluation=evaluation, resume=bool(flags.get("resume")))
     if is_main_process():
         print_report(report, Console())
         plot = ", channels.png" if report.get("layers") else ""
         click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot} to {out_dir}")
 
 
-def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...], int8: bool):
+def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...]):
     from optkit.core.pipeline import Pipeline
 
-    int8_given = [f"--{f.name}" for f in _INT8_FLAGS.values() if flags.get(f.param) is not None]
-    if int8_given and not int8:
-        raise click.UsageError(f"{', '.join(int8_given)} set INT8 quantization: add --int8")
-    entries = pass_entries_from_flags(flags, generic, int8=int8)
-    int8_settings = _int8_settings(flags) if int8 else None
+    entries = pass_entries_from_flags(flags, generic)
     if recipe_path is not None:
-        if entries or int8:
-            raise click.UsageError("give either --recipe or pass flags such as --prune, not both")
-        pipeline = Pipeline.load(recipe_path)
-        if input_shape is not None:
-            pipeline.input_shape, pipeline.input_shape_given = input_shape, True
-        return pipeline
-    if not entries and not int8:
+        return _recipe_pipeline(Pipeline.load(recipe_path), entries, input_shape)
+    if not entries:
         raise click.UsageError("nothing to do: give --prune RATIO, --target-macs FRACTION, --finetune SPEC (or another "
                                "pass flag, or --pass NAME) or --recipe FILE")
     data: dict[str, Any] = {"pass": entries}
@@ -111,23 +96,32 @@ def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], gener
         data["input_shape"] = list(input_shape)
     if flags.get("device") is not None:
         data["device"] = flags["device"]
-    pipeline = Pipeline.from_dict(data, source="command-line flags")
-    pipeline.int8 = int8_settings
+    return Pipeline.from_dict(data, source="command-line flags")
+
+
+def _recipe_pipeline(pipeline, entries: list[dict[str, Any]], input_shape):
+    """A recipe's pipeline, with the file steps the flags add (``--export onnx``, ``--int8``) that it lacks."""
+    from optkit.core import recipe
+    from optkit.core.forms import TORCH
+    from optkit.core.pipeline import check_forms
+
+    file_steps = [e for e in entries if _CLASSES[e["name"]].accepts != TORCH or _CLASSES[e["name"]].produces != TORCH]
+    if len(file_steps) < len(entries):
+        raise click.UsageError("give either --recipe or pass flags such as --prune, not both")
+    present = {p.name for p in pipeline.passes}
+    added = recipe.from_dict({"pass": [e for e in file_steps if e["name"] not in present]},
+                             source="command-line flags")["passes"]
+    if added:
+        check_forms([*pipeline.passes, *added])
+        pipeline.passes += added
+    if input_shape is not None:
+        pipeline.input_shape, pipeline.input_shape_given = input_shape, True
     return pipeline
 
 
-def _int8_settings(flags: dict[str, Any]) -> Int8Settings:
-    given = {**flags, "calib_data": flags.get("calib_data")}
-    flags_with_data = {**_INT8_FLAGS, **generated.settings_flags(Int8Settings)}
-    return generated.settings_from_flags(Int8Settings, flags_with_data, given)
-
-
-def pass_entries_from_flags(flags: dict[str, Any], generic: tuple[str, ...] = (), *,
-                            int8: bool = False) -> list[dict[str, Any]]:
+def pass_entries_from_flags(flags: dict[str, Any], generic: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Recipe ``[[pass]]`` entries for the pass flags given (``None``: not given), in pipeline order."""
-    entries = generated.entries_from_flags(flags, _CLASSES, generic=generic,
-                                           used_elsewhere=("calib-data",) if int8 else ())
-    return _interleave_steps(entries)
+    return _interleave_steps(generated.entries_from_flags(flags, _CLASSES, generic=generic))
 
 
 def _interleave_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,6 +11,12 @@ put rules that involve several settings in :meth:`Pass.check`, and implement
 ``in_place`` says whether they do, so callers that need the original
 (distillation, ratio searches) know to keep a deep copy.
 
+``accepts`` and ``produces`` name the model forms a pass takes and returns
+(:mod:`optkit.core.forms`): most passes work on a PyTorch model; an export pass
+turns it into an ONNX file, and later passes (INT8) work on that. What a pass
+needs from the run (output folder, teacher, resume, rank, data) comes from a
+:class:`~optkit.core.context.RunContext` through :meth:`Pass.bind`.
+
 Any callable ``model -> model`` also runs in a :class:`~optkit.core.pipeline.Pipeline`;
 a ``Pass`` is the kind that also has a recipe and CLI form.
 """
@@ -21,10 +27,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from optkit.core.forms import TORCH
 from optkit.core.settings import SHARED_SETTINGS, check_input_shape, declared, validate_fields
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from optkit.core.context import RunContext
 
 __all__ = ["DEFAULT_INPUT_SHAPE", "SHARED_SETTINGS", "Stage", "Pass", "PassResult", "check_input_shape"]
 
@@ -43,6 +52,8 @@ class Stage:
     FOLD = 60
     LAYOUT = 70
     WRAP = 80
+    EXPORT = 90
+    QUANTIZE = 95
 
 
 @dataclass
@@ -70,6 +81,8 @@ class Pass:
         variant: ``(option, value)`` when passes share their enabling flags and
             an option picks one (``("method", "structured")``); the
             variant with ``variant_default = True`` is the option's default.
+        accepts: the model form :meth:`apply` takes (:data:`optkit.core.forms.TORCH` or ``ONNX``).
+        produces: the model form :meth:`apply` returns.
     """
 
     name: ClassVar[str] = ""
@@ -78,6 +91,8 @@ class Pass:
     flag: ClassVar[str | None] = None
     variant: ClassVar[tuple[str, str] | None] = None
     variant_default: ClassVar[bool] = False
+    accepts: ClassVar[str] = TORCH
+    produces: ClassVar[str] = TORCH
 
     def __post_init__(self) -> None:
         validate_fields(self)
@@ -89,6 +104,22 @@ class Pass:
     def apply(self, model: nn.Module) -> PassResult:
         """Transform ``model`` and return it with details for the report."""
         raise NotImplementedError
+
+    def bind(self, context: RunContext) -> Pass:
+        """This pass with what it takes from the run's context filled in; a pipeline calls it before running.
+
+        By default its unset ``checkpoint``, ``resume`` and ``teacher`` run options are filled
+        (see :mod:`optkit.core.context`); passes that need more override this.
+
+        Args:
+            context: the run's context.
+
+        Returns:
+            the pass to run (``self`` when nothing changes).
+        """
+        from optkit.core.context import fill_run_options
+
+        return fill_run_options(self, context)
 
     def __call__(self, model: nn.Module) -> nn.Module:
         return self.apply(model).model

@@ -37,6 +37,10 @@ class PassError(OptkitError):
         super().__init__(f"pass '{pass_name}' failed (passes completed before it: {before}): {detail}")
 
 
+class FormError(OptkitError, TypeError):
+    """A pipeline step cannot take the model form the step before it produced (a torch pass after export)."""
+
+
 class RecipeError(OptkitError):
     """A recipe file is malformed or names unknown passes or settings."""
 

@@ -33,9 +33,7 @@ from optkit.core.registry import get_pass, list_passes
 if TYPE_CHECKING:
     from optkit.core.contract import Pass
 
-TOP_LEVEL_KEYS = ("version", "input_shape", "device", "int8", "pass")
-#: Top-level tables and the settings classes that read them (imported only when a recipe has the table).
-SECTIONS = {"int8": "optkit.passes.quantize.settings:Int8Settings"}
+TOP_LEVEL_KEYS = ("version", "input_shape", "device", "pass")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -45,8 +43,7 @@ def parse(text: str, *, source: str = "recipe") -> dict[str, Any]:
     A recipe without a ``version`` key is version 1 (the format before versions) and is migrated.
 
     Returns:
-        ``{"input_shape": tuple | None, "device": str | None, "passes": [Pass, ...], "sections": {...},
-        "notes": [str, ...]}``; ``notes`` says when the recipe was migrated from an older version.
+        ``{"input_shape": tuple | None, "device": str | None, "passes": [Pass, ...], "notes": [str, ...]}``; ``notes`` says when the recipe was migrated from an older version.
 
     Raises:
         RecipeError: for malformed TOML, a version newer than this optkit reads, unknown keys or passes,
@@ -100,30 +97,7 @@ def from_dict(data: dict[str, Any], *, source: str = "recipe", default_version: 
         except ValueError as e:
             raise RecipeError(f"{source}: {e}") from e
     passes = [_build_pass(entry, index, source) for index, entry in enumerate(entries, start=1)]
-    sections = {key: _build_section(key, data[key], source) for key in SECTIONS if key in data}
-    return {**shared, "passes": passes, "sections": sections, "notes": [note] if note else []}
-
-
-def section_class(key: str) -> type:
-    """The settings class of a top-level recipe table (``int8``)."""
-    import importlib
-
-    module_name, class_name = SECTIONS[key].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
-def _build_section(key: str, table: Any, source: str) -> Any:
-    cls = section_class(key)
-    if not isinstance(table, dict):
-        raise RecipeError(f"{source}: {key} must be a [{key}] table")
-    valid = sorted(f.name for f in dataclasses.fields(cls))
-    unknown = sorted(set(table) - set(valid))
-    if unknown:
-        raise RecipeError(f"{source}: [{key}] has no setting(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
-    try:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
-    except (ValueError, TypeError) as e:
-        raise RecipeError(f"{source}: [{key}]: {e}") from e
+    return {**shared, "passes": passes, "notes": [note] if note else []}
 
 
 def setting_key(field_name: str) -> str:
@@ -157,9 +131,8 @@ def _build_pass(entry: dict[str, Any], index: int, source: str) -> Pass:
         raise RecipeError(f"{source}: pass '{name}': {e}") from e
 
 
-def dumps(passes: list[Pass], *, input_shape: tuple[int, ...] | None = None, device: str | None = None,
-          sections: dict[str, Any] | None = None) -> str:
-    """Render passes (shared settings and top-level tables such as ``[int8]``) as recipe TOML that :func:`parse` reads back.
+def dumps(passes: list[Pass], *, input_shape: tuple[int, ...] | None = None, device: str | None = None) -> str:
+    """Render passes and the shared settings as recipe TOML that :func:`parse` reads back.
 
     Raises:
         RecipeError: if a setting is not representable in TOML (e.g. a Python object).
@@ -169,8 +142,6 @@ def dumps(passes: list[Pass], *, input_shape: tuple[int, ...] | None = None, dev
         lines.append(f"input_shape = {_value(list(input_shape))}")
     if device is not None:
         lines.append(f"device = {_value(device)}")
-    for key, settings in (sections or {}).items():
-        lines += ["", f"[{key}]"] + [f"{_key(k)} = {_value(v)}" for k, v in settings.settings().items()]
     for p in passes:
         lines += ["", "[[pass]]", f"name = {_value(p.name)}"]
         for key, value in p.settings().items():

@@ -20,7 +20,14 @@ UNVERSIONED = 1
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    return dict(data)
+    """Version 1 kept INT8 in an ``[int8]`` table read by ``--export onnx``; version 2 has export and INT8 steps."""
+    migrated = {k: v for k, v in data.items() if k != "int8"}
+    if "int8" in data:
+        table = data["int8"]
+        if not isinstance(table, dict):
+            raise RecipeError("int8 must be an [int8] table")
+        migrated["pass"] = [*data.get("pass", []), {"name": "export_onnx"}, {"name": "int8", **table}]
+    return migrated
 
 
 #: ``MIGRATIONS[n]`` turns a version-``n`` mapping into a version ``n + 1`` one.
@@ -49,8 +56,11 @@ def upgrade(data: dict[str, Any], source: str, *, default: int = UNVERSIONED) ->
         raise RecipeError(f"{source} is a version {version} recipe, but this optkit reads recipe versions up to "
                           f"{VERSION}: upgrade optkit to run it")
     current = {k: v for k, v in data.items() if k != "version"}
-    for step in range(version, VERSION):
-        current = MIGRATIONS[step](current)
+    try:
+        for step in range(version, VERSION):
+            current = MIGRATIONS[step](current)
+    except RecipeError as e:
+        raise RecipeError(f"{source}: {e}") from e
     if version == VERSION:
         return current, None
     note = f"{source} is a version {version} recipe; it was migrated to version {VERSION} (save it again to keep it)"

@@ -32,7 +32,7 @@ class ExportSettings:
         validate_fields(self)
 
     def export_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`optkit.export.onnx.export_onnx`."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Keyword arguments for :func:`optkit.export.onnx.export_onnx` (from these settings' own fields)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ExportSettings)}
         values["dynamic_batch"] = not values.pop("static_batch")
         return values

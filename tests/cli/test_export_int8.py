@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -105,3 +107,39 @@ def test_int8_settings_without_int8_are_a_usage_error(weights, tmp_path):
     result = _export(weights, tmp_path / "fashion.onnx", "--calib-data", "fashion-mnist")
     assert result.exit_code == 2 and "--calib-data set INT8 quantization: add --int8" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def _optimize(*args):
+    return CliRunner().invoke(main, ["optimize", str(FASHION_RESNET), *map(str, args)])
+
+
+def test_optimize_export_onnx_int8_runs_and_writes_one_recipe_of_prune_export_int8(tmp_path, no_timing):
+    first, second = tmp_path / "first", tmp_path / "second"
+    result = _optimize("--prune", 0.3, "--export", "onnx", "--int8", "--calib-data", "fashion-mnist",
+                       "--min-agreement", 0.97, "--out", first)
+    assert result.exit_code == 0, result.output
+    assert {"model.pt", "model.onnx", "model.int8.onnx", "recipe.toml"} <= {p.name for p in first.iterdir()}
+    recipe = (first / "recipe.toml").read_text()
+    assert [line for line in recipe.splitlines() if line.startswith("name = ")] == [
+        'name = "structured_prune"', 'name = "export_onnx"', 'name = "int8"']
+    assert 'calib_data = "fashion-mnist"' in recipe and "min_agreement = 0.97" in recipe
+    assert torch.load(first / "model.pt", weights_only=True)["extra"]["recipe"] == recipe
+    report = json.loads((first / "report.json").read_text())
+    assert [p["name"] for p in report["passes"]] == ["structured_prune"]
+    assert report["files"]["model.onnx"] == (first / "model.onnx").stat().st_size
+    assert report["files"]["model.int8.onnx"] == (first / "model.int8.onnx").stat().st_size
+    assert report["export"]["path"] == "model.onnx" and report["int8"]["path"] == "model.int8.onnx"
+    assert report["int8"]["agreement"] >= 0.97
+    assert any(note.startswith("model.int8.onnx: static INT8") for note in report["notes"])
+    again = _optimize("--recipe", first / "recipe.toml", "--out", second)
+    assert again.exit_code == 0, again.output
+    assert (second / "recipe.toml").read_text() == recipe
+    assert (second / "model.int8.onnx").exists()
+
+
+def test_int8_without_export_is_a_one_line_error(tmp_path):
+    result = _optimize("--prune", 0.3, "--int8", "--calib-data", "fashion-mnist", "--out", tmp_path / "o")
+    assert result.exit_code == 1
+    assert result.output == ("Error: command-line flags: step 2 (int8) takes an ONNX model, but the model is still "
+                             "a PyTorch model there: add export_onnx (--export onnx) before it\n")
+    assert not (tmp_path / "o").exists()

@@ -11,6 +11,7 @@ import pytest
 
 from optkit.cli import main
 from optkit.core.contract import Pass, recipe_fields
+from optkit.core.forms import TORCH
 from optkit.core.pipeline import Pipeline
 from optkit.core.registry import builtin_passes, get_pass, list_passes
 from optkit.core.settings import SHARED_SETTINGS, declared
@@ -31,14 +32,24 @@ def _required_examples(cls: type) -> dict:
     return values
 
 
+def _steps_before(cls: type) -> list:
+    """A pass that turns a PyTorch model into the form ``cls`` takes (none for a pass that takes PyTorch)."""
+    if cls.accepts == TORCH:
+        return []
+    makers = [get_pass(n) for n in list_passes() if get_pass(n).accepts == TORCH and get_pass(n).produces == cls.accepts]
+    assert makers, f"{cls.name} takes the {cls.accepts} form, which no registered pass makes"
+    return [makers[0]()]
+
+
 @pytest.mark.parametrize("name", list_passes())
 def test_defaults_round_trip_through_a_recipe(name):
     cls = get_pass(name)
     assert issubclass(cls, Pass) and cls.name == name and cls.__dataclass_params__.frozen
     instance = cls(**_required_examples(cls))
-    pipeline = Pipeline([instance], input_shape=(1, 3, 16, 16))
+    steps = [*_steps_before(cls), instance]
+    pipeline = Pipeline(steps, input_shape=(1, 3, 16, 16))
     again = Pipeline.from_toml(pipeline.to_toml())
-    assert again.passes == [instance]
+    assert again.passes == steps
     assert again.to_toml() == pipeline.to_toml()
 
 

@@ -29,7 +29,7 @@ def test_keyword_settings_are_written_without_trailing_underscore():
     [
         ('[[pass]]\nname = "does_not_exist"\n', "unknown pass 'does_not_exist'; valid passes: .*structured_prune"),
         ('[[pass]]\nname = "structured_prune"\nratio = 0.3\nspeed = "fast"\n', "no recipe setting.*speed.*valid: .*ratio"),
-        ('colour = "red"\n', "unknown key.*colour.*valid keys: version, input_shape, device, int8, pass"),
+        ('colour = "red"\n', "unknown key.*colour.*valid keys: version, input_shape, device, pass"),
         ('[[pass]]\nratio = 0.3\n', "has no name"),
         ('[[pass]]\nname = "structured_prune"\nratio = 1.5\n', r"ratio must be a number in \[0, 1\)"),
         ('[[pass]]\nname = "structured_prune"\nimportance = "magic"\n', "importance must be one of l1, l2"),

@@ -11,6 +11,8 @@ from optkit.core.pipeline import Pipeline
 from optkit.core.recipe import dumps, parse
 from optkit.core.recipe_versions import VERSION
 from optkit.demo import FASHION_RESNET
+from optkit.passes.export.passes import ExportOnnx
+from optkit.passes.quantize.passes import Int8
 from optkit.passes.prune.passes import StructuredPrune
 
 MIGRATED = "is a version 1 recipe; it was migrated to version 2 (save it again to keep it)"
@@ -31,14 +33,24 @@ def test_the_demo_checkpoints_unversioned_recipe_loads_and_says_it_was_migrated(
     assert pipeline.notes == [f"fashion_resnet.pt {MIGRATED}"]
 
 
-def test_a_version_1_recipe_with_prune_finetune_and_int8_loads():
+def test_a_version_1_int8_table_becomes_export_and_int8_steps():
     pipeline = Pipeline.from_toml(recipe_v1.WITH_INT8, source="model.pt")
-    assert [p.name for p in pipeline.passes][:2] == ["structured_prune", "finetune"]
-    assert pipeline.passes[0].ratio == 0.3 and pipeline.passes[0].round_to == 8
-    assert pipeline.passes[1].data == "fashion-mnist" and pipeline.passes[1].epochs == 1
+    assert [p.name for p in pipeline.passes] == ["structured_prune", "finetune", "export_onnx", "int8"]
+    prune, finetune, export, int8 = pipeline.passes
+    assert prune.ratio == 0.3 and prune.round_to == 8
+    assert finetune.data == "fashion-mnist" and finetune.epochs == 1
+    assert export == ExportOnnx()
+    assert int8 == Int8(calib_data="fashion-mnist", min_agreement=0.98)
     assert pipeline.notes == [f"model.pt {MIGRATED}"]
-    again = Pipeline.from_toml(pipeline.to_toml())
-    assert again.notes == [] and again.to_toml() == pipeline.to_toml()
+    saved = pipeline.to_toml()
+    assert "[int8]" not in saved and 'name = "export_onnx"' in saved and 'name = "int8"' in saved
+    again = Pipeline.from_toml(saved)
+    assert again.notes == [] and again.passes == pipeline.passes
+
+
+def test_a_version_1_int8_that_is_not_a_table_is_refused():
+    with pytest.raises(RecipeError, match="^r.toml: int8 must be an \\[int8\\] table$"):
+        parse('int8 = "static"\n', source="r.toml")
 
 
 def test_a_model_pt_holding_a_version_1_recipe_still_loads(tmp_path):

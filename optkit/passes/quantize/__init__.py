@@ -12,6 +12,8 @@ _EXPORTS = {
     "CALIBRATION_METHODS": "optkit.passes.quantize.settings",
     "MODES": "optkit.passes.quantize.settings",
     "Int8Settings": "optkit.passes.quantize.settings",
+    "Int8": "optkit.passes.quantize.passes",
+    "quantize_exported": "optkit.passes.quantize.passes",
     "QuantizeResult": "optkit.passes.quantize.api",
     "quantize_onnx": "optkit.passes.quantize.api",
     "compare_latency": "optkit.passes.quantize.latency",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from optkit.core.settings import args_section, calib_data_setting, setting, validate_fields
 
@@ -64,11 +62,6 @@ class Int8Settings:
                              "not both")
         if self.mode == "dynamic" and self.calibration_method != "minmax":
             raise ValueError("calibration_method applies to static mode only; dynamic mode has no calibration")
-
-    def settings(self) -> dict[str, Any]:
-        """The recipe values (an ``[int8]`` table): tuples become lists, unset ones are left out."""
-        return {f.name: list(v) if isinstance(v, tuple) else v for f in dataclasses.fields(self)
-                if (v := getattr(self, f.name)) is not None}
 
 
 Int8Settings.__doc__ += "\n\n" + args_section(Int8Settings)

@@ -48,9 +48,14 @@ def test_lists_become_tuples():
     assert Int8Settings(exclude=["/a/Conv"], op_types=["Conv", "Gemm"]).op_types == ("Conv", "Gemm")
 
 
-def test_recipe_values_round_trip():
-    s = Int8Settings(calib_data="fashion-mnist", exclude=("/head/Gemm",), min_agreement=0.98)
-    values = s.settings()
-    assert values["exclude"] == ["/head/Gemm"] and "calib_data" in values
-    assert Int8Settings(**values) == s
-    assert "calib_data" not in Int8Settings(random_calibration=True).settings()
+def test_the_int8_pass_round_trips_through_a_recipe_after_export():
+    from optkit.core.pipeline import Pipeline
+    from optkit.passes.export.passes import ExportOnnx
+    from optkit.passes.quantize.passes import Int8
+
+    step = Int8(calib_data="fashion-mnist", exclude=("/head/Gemm",), min_agreement=0.98)
+    values = step.settings()
+    assert values["exclude"] == ["/head/Gemm"] and values["calib_data"] == "fashion-mnist"
+    assert "calib_data" not in Int8(random_calibration=True).settings()
+    again = Pipeline.from_toml(Pipeline([ExportOnnx(), step], input_shape=(1, 3, 32, 32)).to_toml())
+    assert again.passes == [ExportOnnx(), step] and isinstance(again.passes[1], Int8Settings)
