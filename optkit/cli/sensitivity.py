@@ -1,6 +1,6 @@
 """``optkit sensitivity``: per-group pruning curves on data, and the recipe that spends a MACs target where it is cheapest.
 
-The analysis options come from :class:`optkit.analysis.sensitivity.SensitivitySettings`;
+The analysis options come from :class:`optkit.passes.prune.sensitivity.SensitivitySettings`;
 ``--round-to``, ``--importance`` and ``--target-macs`` are the structured prune's own.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from optkit.analysis.sensitivity import SensitivitySettings
+from optkit.passes.prune.sensitivity import SensitivitySettings
 from optkit.cli import generated
 from optkit.cli._options import model_options
 from optkit.cli._run import builtin_classes
@@ -53,8 +53,8 @@ def sensitivity_command(model: str, input_shape, num_classes, arch, trust, out_d
     from rich.console import Console
 
     from optkit import workflow
-    from optkit.analysis.sensitivity import analyze
-    from optkit.analysis.sensitivity_report import OUTPUT_FILES, write_outputs
+    from optkit.passes.prune.sensitivity import analyze
+    from optkit.passes.prune.sensitivity_report import OUTPUT_FILES, write_outputs
     from optkit.cli._run import data_input_shape
     from optkit.data import check_available, dataset_info
     from optkit.data.adapt import check_fits

@@ -1,6 +1,6 @@
 """Structured pruning to a measured latency target (``StructuredPrune(target_latency=...)``).
 
-A per-layer latency table (:mod:`optkit.analysis.latency_table`) predicts how
+A per-layer latency table (:mod:`optkit.passes.prune.latency_table`) predicts how
 long the conv/linear layers take at any channel counts. Three proposals turn
 an *aim* into a pruned model:
 
@@ -44,7 +44,7 @@ from optkit.passes.prune.groups import Group, layer_widths, prunable_groups, rat
 if TYPE_CHECKING:
     from torch import nn
 
-    from optkit.analysis.latency_table import LatencyTable
+    from optkit.passes.prune.latency_table import LatencyTable
 
 LATENCY_TOLERANCE = 0.05
 MAX_RETRIES = 2
@@ -70,7 +70,7 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
         timed: proposal, aim, predicted, measured and MACs fractions, importance removed, and the two
         ``timings`` of those timed again) and the kept prune's details.
     """
-    from optkit.analysis.latency_table import build_table, predict
+    from optkit.passes.prune.latency_table import build_table, predict
     from optkit.analysis.metrics import count_macs
     from optkit.passes.prune.target import search as macs_search
 
@@ -239,7 +239,7 @@ def _widths_key(table: LatencyTable, model: nn.Module) -> tuple[tuple[int, int],
 
 def _predict_model(table: LatencyTable, model: nn.Module) -> float:
     """The table's predicted milliseconds for ``model``'s conv/linear layers at their current widths."""
-    from optkit.analysis.latency_table import predict
+    from optkit.passes.prune.latency_table import predict
 
     return predict(table, _model_widths(table, model))
 
@@ -262,7 +262,7 @@ def _full(table: LatencyTable) -> dict[str, tuple[int, int]]:
 
 def _greedy(table: LatencyTable, groups: list[Group], target: float, round_to: int) -> list[int]:
     """Kept channels per group once the predicted fraction is at most ``target`` (or nothing more can go)."""
-    from optkit.analysis.latency_table import layer_ms, predict
+    from optkit.passes.prune.latency_table import layer_ms, predict
 
     return shrink(groups, _full(table), lambda name, cin, cout: layer_ms(table.layers[name], cin, cout),
                   target * predict(table), round_to=round_to,
@@ -270,14 +270,14 @@ def _greedy(table: LatencyTable, groups: list[Group], target: float, round_to: i
 
 
 def _predicted_fraction(table: LatencyTable, groups: list[Group], kept: list[int]) -> float:
-    from optkit.analysis.latency_table import predict
+    from optkit.passes.prune.latency_table import predict
 
     return predict(table, layer_widths(_full(table), groups, kept)) / predict(table)
 
 
 def _ms_per_mac(table: LatencyTable, groups: list[Group], kept: list[int]) -> float:
     """Predicted milliseconds per remaining MAC of the conv/linear layers (lower is better)."""
-    from optkit.analysis.latency_table import predict
+    from optkit.passes.prune.latency_table import predict
 
     widths = layer_widths(_full(table), groups, kept)
     macs = 0.0

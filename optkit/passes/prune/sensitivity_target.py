@@ -1,6 +1,6 @@
 """Sensitivity allocation: reach a MACs target with the least loss predicted by per-group curves.
 
-:func:`optkit.analysis.sensitivity.analyze` measures (or reads from its cache)
+:func:`optkit.passes.prune.sensitivity.analyze` measures (or reads from its cache)
 what pruning each group alone costs. Starting from the full model, channels
 go ``round_to`` at a time from the group whose next step adds the least
 predicted loss per MAC saved (losses interpolated linearly between measured
@@ -33,7 +33,7 @@ from optkit.passes.prune.target import target_notes
 if TYPE_CHECKING:
     from torch import nn
 
-    from optkit.analysis.sensitivity import Curve, Sensitivity
+    from optkit.passes.prune.sensitivity import Curve, Sensitivity
 
 
 SPREADS = (0.0, 0.25, 0.5, 0.75)
@@ -43,8 +43,8 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
     """Prune a copy of ``model`` to ``settings.target_macs`` with per-group ratios chosen by sensitivity.
 
     ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass; ``sensitivity`` an
-    analysis already made for it (default: :func:`~optkit.analysis.sensitivity.analyze` with default
-    :class:`~optkit.analysis.sensitivity.SensitivitySettings` on ``settings.data``).
+    analysis already made for it (default: :func:`~optkit.passes.prune.sensitivity.analyze` with default
+    :class:`~optkit.passes.prune.sensitivity.SensitivitySettings` on ``settings.data``).
 
     The curves predict each group's loss alone; pruned together, far, the groups' errors compound,
     and an allocation that concentrates the cut can do worse than its prediction. So one
@@ -60,8 +60,8 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
         ``spread`` and ``candidates`` (each allocation tried, with its measured scores),
         ``sensitivity`` (its cost and unmeasured groups) and the chosen prune's details.
     """
-    from optkit.analysis.latency_table import layer_specs
-    from optkit.analysis.sensitivity import SensitivitySettings, analyze
+    from optkit.passes.prune.latency_table import layer_specs
+    from optkit.passes.prune.sensitivity import SensitivitySettings, analyze
 
     shape = tuple(settings.input_shape or DEFAULT_INPUT_SHAPE)
     run = dataclasses.replace(settings, input_shape=shape, ratio=0.0, target_macs=None, allocation="uniform",
@@ -141,7 +141,7 @@ def allocate(sensitivity: Sensitivity, specs: dict[str, dict[str, Any]], target:
 
     Args:
         sensitivity: the curves and the groups.
-        specs: :func:`~optkit.analysis.latency_table.layer_specs` of the model (conv/linear MACs and widths).
+        specs: :func:`~optkit.passes.prune.latency_table.layer_specs` of the model (conv/linear MACs and widths).
         target: the MACs fraction to reach.
         round_to: channels go this many at a time.
         slack: how far below ``target`` (a MACs fraction) the prediction may land (see

@@ -129,7 +129,7 @@ def _even_fill(settings: Pass, model: nn.Module, kind: str, target: float, fract
     """
     import dataclasses
 
-    from optkit.analysis.latency_table import layer_specs
+    from optkit.passes.prune.latency_table import layer_specs
     from optkit.passes.prune.allocation import MAX_CORRECTIONS, next_aim, shrink
     from optkit.passes.prune.groups import prunable_groups, ratios_for
 

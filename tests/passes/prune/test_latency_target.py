@@ -102,7 +102,7 @@ def test_choice_keeps_the_most_macs_per_measured_latency_within_the_tolerance():
 
 
 def test_importance_uniform_and_blend_allocations():
-    from optkit.analysis.latency_table import LatencyTable, LayerEntry
+    from optkit.passes.prune.latency_table import LatencyTable, LayerEntry
     from optkit.passes.prune.groups import Group
     from optkit.passes.prune.latency_target import _allocate, _predicted_fraction, _uniform
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from optkit.analysis.metrics import count_macs
-from optkit.analysis.sensitivity import Curve, Point, Sensitivity, SensitivitySettings, analyze
+from optkit.passes.prune.sensitivity import Curve, Point, Sensitivity, SensitivitySettings, analyze
 from optkit.passes.prune.groups import Group
 from optkit.passes.prune.passes import StructuredPrune
 from optkit.passes.prune.sensitivity_target import allocate

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from optkit.analysis.sensitivity import Sensitivity
+    from optkit.passes.prune.sensitivity import Sensitivity
     from optkit.passes.prune.passes import StructuredPrune
 
 OUTPUT_FILES = ("sensitivity.json", "sensitivity.md", "sensitivity.png", "recipe.toml")

@@ -41,14 +41,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.contract import DEFAULT_INPUT_SHAPE
+from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass
 from optkit.core.settings import setting, validate_fields
 
 if TYPE_CHECKING:
     from torch import nn
 
     from optkit.passes.prune.groups import Group
-    from optkit.passes.prune.passes import StructuredPrune
 
 SENSITIVITY_SPLIT = "val"
 #: Part of the cache key: bumped when what a point measures changes.
@@ -56,7 +55,7 @@ SCORING_VERSION = 5
 METRICS = ("kl", "accuracy")
 #: With ``metric="accuracy"``, KL breaks ties between groups whose accuracy did not move (noise on a small subset).
 KL_TIE_BREAK = 1e-3
-_log = logging.getLogger("optkit.analysis.sensitivity")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -205,15 +204,16 @@ class Sensitivity:
                             "points": [dataclasses.asdict(p) for p in c.points]} for c in self.curves]}
 
 
-def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPrune, *,
+def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
             progress: bool = False) -> Sensitivity:
     """Measure how each prunable group's pruning alone changes the model's outputs.
 
     Args:
         model: the model (not changed; copies are pruned).
         settings: data, subset, ratios, metric and time budget.
-        prune: the structured prune whose groups, rounding and importance are analyzed (its
-            ``input_shape`` is the model's input; ``ratio`` and targets are ignored).
+        prune: the :class:`~optkit.passes.prune.passes.StructuredPrune` whose groups, rounding and
+            importance are analyzed (its ``input_shape`` is the model's input; ``ratio`` and targets
+            are ignored). Typed as a ``Pass``: that pass calls this module through its sensitivity target.
         progress: show a progress bar (on a terminal; one log line per group otherwise).
 
     Returns:
@@ -223,7 +223,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPr
         DataError: for a missing dataset, or data whose classes or image shape the model does not take.
     """
     from optkit.analysis.evaluation import EvalSettings, load_eval_set, torch_logits
-    from optkit.analysis.latency_table import layer_specs
+    from optkit.passes.prune.latency_table import layer_specs
     from optkit.analysis.metrics import count_macs
     from optkit.passes.prune.groups import prunable_groups
 
@@ -288,7 +288,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: StructuredPr
                        settings.as_pruned_weight, score_model)
 
 
-def _measure(model: nn.Module, template: StructuredPrune, curve: Curve, ratio: float, eval_set, calibration,
+def _measure(model: nn.Module, template: Pass, curve: Curve, ratio: float, eval_set, calibration,
              reference, macs: int, batch_size: int) -> dict[str, Any]:
     import copy
 
@@ -350,7 +350,7 @@ def _calibration_images(settings: SensitivitySettings, shape: tuple[int, ...]) -
     return list(images.split(settings.batch_size))
 
 
-def _cache_key(model: nn.Module, settings: SensitivitySettings, template: StructuredPrune,
+def _cache_key(model: nn.Module, settings: SensitivitySettings, template: Pass,
                shape: tuple[int, ...]) -> str:
     import hashlib
 

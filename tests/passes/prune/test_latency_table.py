@@ -9,7 +9,7 @@ pytest.importorskip("onnxruntime")
 
 from torch import nn  # noqa: E402
 
-from optkit.analysis.latency_table import build_table, layer_ms, predict  # noqa: E402
+from optkit.passes.prune.latency_table import build_table, layer_ms, predict  # noqa: E402
 
 
 def _model() -> nn.Module:
