@@ -80,26 +80,22 @@ def test_per_layer_sparsity_and_channels():
     assert len(format_table(inspection, all_layers=True)) == len(inspection.layers)
 
 
-def test_skipped_layers_without_a_dry_run_names_classifier_and_attention(monkeypatch):
-    from optkit.passes.prune import passes as prune
-
-    monkeypatch.delattr(prune, "skipped_layers", raising=False)
+def test_skipped_layers_without_a_dry_run_names_classifier_and_attention():
     skipped = skipped_layers(TokenNet(), (1, 3, 32, 32))
     assert skipped.keys() == {"head", "attn"}
     assert "classifier" in skipped["head"]
+    assert inspect_model(TokenNet(), (1, 3, 32, 32)).skipped_layers == skipped
 
 
-def test_skipped_layers_come_from_the_prune_dry_run(monkeypatch):
-    from optkit.passes.prune import passes as prune
-
+def test_skipped_layers_come_from_the_prune_dry_run():
     calls = []
 
     def dry_run(model, input_shape):
         calls.append(input_shape)
         return {"features.0": "why it is kept"}
 
-    monkeypatch.setattr(prune, "skipped_layers", dry_run, raising=False)
-    inspection = inspect_model(models.load_model("torchvision:squeezenet1_1", num_classes=10), SHAPE)
+    model = models.load_model("torchvision:squeezenet1_1", num_classes=10)
+    inspection = inspect_model(model, SHAPE, prune_dry_run=dry_run)
     assert calls == [SHAPE]
     assert inspection.skipped_layers == {"features.0": "why it is kept"} and inspection.prune_error is None
 
@@ -110,8 +106,8 @@ def test_a_model_the_pruner_cannot_trace_is_reported(monkeypatch, runner):
     def dry_run(model, input_shape):
         raise ZeroDivisionError("integer division or modulo by zero")
 
-    monkeypatch.setattr(prune, "skipped_layers", dry_run, raising=False)
-    inspection = inspect_model(TokenNet(), (1, 3, 32, 32))
+    monkeypatch.setattr(prune, "skipped_layers", dry_run)
+    inspection = inspect_model(TokenNet(), (1, 3, 32, 32), prune_dry_run=dry_run)
     assert inspection.prune_error == "ZeroDivisionError: integer division or modulo by zero"
     assert inspection.to_dict()["prune_error"] == inspection.prune_error
     assert inspection.macs == metrics.count_macs(TokenNet(), (1, 3, 32, 32))  # the table is still complete

@@ -10,12 +10,15 @@ token); modules that merely group other modules get no row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
+
+#: ``(model, input_shape) -> {layer name: reason}``: the layers a structured prune leaves untouched.
+DryRun = Callable[["nn.Module", tuple[int, ...]], dict[str, str]]
 
 
 @dataclass
@@ -83,12 +86,15 @@ class Inspection:
         return out
 
 
-def inspect_model(model: nn.Module, input_shape: Sequence[int]) -> Inspection:
+def inspect_model(model: nn.Module, input_shape: Sequence[int], *, prune_dry_run: DryRun | None = None) -> Inspection:
     """Build the per-layer table of ``model`` at ``input_shape``.
 
     Args:
         model: the model (left unchanged; its train/eval mode is restored).
         input_shape: example input shape, e.g. ``(1, 3, 224, 224)``.
+        prune_dry_run: what a structured prune would leave untouched, traced on the model
+            (``optkit inspect`` passes :func:`optkit.passes.prune.passes.skipped_layers`); without
+            it, :func:`skipped_layers` names what a structured prune always leaves whole.
 
     Returns:
         the rows, their totals and the layers a structured prune would skip.
@@ -103,7 +109,7 @@ def inspect_model(model: nn.Module, input_shape: Sequence[int]) -> Inspection:
     layers = _rows(model, layer_macs)
     skipped, prune_error = {}, None
     try:
-        skipped = skipped_layers(model, shape)
+        skipped = dict((prune_dry_run or skipped_layers)(model, shape))
     except Exception as e:  # the dry run traces with torch-pruning, which some graphs defeat: report it
         prune_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no message'}"
     return Inspection(
@@ -125,22 +131,12 @@ def layer_channels(model: nn.Module) -> dict[str, int]:
 
 
 def skipped_layers(model: nn.Module, input_shape: Sequence[int]) -> dict[str, str]:
-    """Layers a structured prune leaves untouched, with the reason.
+    """Layers a structured prune always leaves whole, found without tracing: the final classifier and attention blocks.
 
-    Uses :func:`optkit.passes.prune.passes.skipped_layers` (a dry run of the prune)
-    when the pruning pass provides it; otherwise reports what
-    :class:`~optkit.passes.prune.passes.StructuredPrune` always ignores: the final
-    classifier and attention blocks.
-
-    Raises:
-        Exception: whatever the dry run raises when torch-pruning cannot trace the model.
+    A dry run of the prune (:func:`optkit.passes.prune.passes.skipped_layers`) finds every layer it would skip.
     """
     import torch
 
-    from optkit.passes.prune import passes as prune
-
-    if hasattr(prune, "skipped_layers"):
-        return dict(prune.skipped_layers(model, tuple(input_shape)))
     reasons = {name: "final classifier: its outputs are the model's outputs"
                for name in _last_layer(model, input_shape)}
     for name, module in model.named_modules():

@@ -22,12 +22,13 @@ def inspect_command(model: str, input_shape, num_classes, arch, trust, all_layer
 
     Example: optkit inspect torchvision:resnet18 --input-shape 1,3,224,224
     """
-    from optkit.io import models
     from optkit.analysis.model_info import inspect_model
+    from optkit.io import models
+    from optkit.passes.prune.passes import skipped_layers
 
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
     shape = input_shape or models.infer_input_shape(loaded)
-    inspection = inspect_model(loaded.model, shape)
+    inspection = inspect_model(loaded.model, shape, prune_dry_run=skipped_layers)
     if as_json:
         click.echo(json.dumps({"model": model, **inspection.to_dict()}, indent=2))
         return
