@@ -168,3 +168,34 @@ def test_torch_model_in_both_engines():
     rows = json.loads(result.output)["results"]["torchvision:squeezenet1_1"]
     assert [(r["engine"], r["batch_size"]) for r in rows] == [("torch", 1), ("torch", 2), ("onnxruntime", 1),
                                                                ("onnxruntime", 2)]
+
+
+SHIPPED = "optkit/demo/fashion_resnet.pt"
+
+
+def test_compare_of_models_that_take_different_inputs_is_refused_before_timing(monkeypatch):
+    """#31: a 224x224 ImageNet model against the 28x28 Fashion model printed "B is faster" without a word."""
+    timed = []
+    monkeypatch.setattr(bench, "bench_torch", lambda *args, **kwargs: timed.append(args) or [])
+    result = CliRunner().invoke(main, ["bench", "--compare", "torchvision:resnet18", SHIPPED])
+    assert result.exit_code == 1 and timed == []
+    assert result.output == (f"Error: A (torchvision:resnet18) takes 3x224x224 inputs but B ({SHIPPED}) takes 1x28x28, "
+                             "so their times are not comparable; compare models of the same input, or give an "
+                             "--input-shape both take\n")
+
+
+def test_compare_of_onnx_files_of_different_inputs_is_refused(onnx_files, tmp_path):
+    other = tmp_path / "wide.onnx"
+    torch.onnx.export(tiny().eval(), (torch.randn(1, 3, 24, 24),), other, dynamo=False, input_names=["x"])
+    result = CliRunner().invoke(main, ["bench", "--compare", str(onnx_files["fixed"]), str(other),
+                                       "--repeats", "1", "--warmup", "0"])
+    assert result.exit_code == 1 and "takes 3x16x16 inputs but B" in result.output and "takes 3x24x24" in result.output
+
+
+def test_compare_of_the_shipped_model_and_its_pruned_copy_prints_the_ratio(tmp_path):
+    pruned = tmp_path / "pruned"
+    assert CliRunner().invoke(main, ["optimize", SHIPPED, "--prune", "0.3", "--out", str(pruned)]).exit_code == 0
+    result = CliRunner().invoke(main, ["bench", "--compare", SHIPPED, str(pruned / "model.pt"), "--threads", "1",
+                                       "--repeats", "3", "--warmup", "1"])
+    assert result.exit_code == 0, result.output
+    assert "torch batch 1: A / B = " in result.output and "1×1×28×28" in result.output

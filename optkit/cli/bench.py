@@ -29,19 +29,24 @@ def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: b
     """Time inference of MODEL: median, p90 and spread (p90 / median) over repeats.
 
     MODEL is a model spec (timed in PyTorch eager) or a .onnx file (timed in
-    ONNX Runtime). With --compare A B, both are timed the same way and the
-    ratio of their medians is printed (above 1: B is faster).
+    ONNX Runtime). With --compare A B, both are timed the same way, on inputs
+    of the same shape, and the ratio of their medians is printed (above 1: B
+    is faster).
 
-    Example: optkit bench --compare torchvision:resnet18 runs/demo/model.pt
+    Example: optkit bench --compare optkit/demo/fashion_resnet.pt runs/demo/model.pt
     """
     if (model is None) == (compare is None):
         raise click.UsageError("give one MODEL, or --compare A B")
     specs = [model] if model is not None else list(compare)
-    runs = {spec: _run(spec, options) for spec in specs}
+    prepared = [_prepare(spec, options) for spec in specs]
+    if compare is not None:
+        _check_same_input(*((spec, shape) for spec, (_, shape) in zip(specs, prepared)))
+    runs = {spec: _time(spec, *ready, options) for spec, ready in zip(specs, prepared)}
     pairs = None
     if compare is not None:
         from optkit.analysis.latency import compare as pair_up
 
+        _check_same_input(*((spec, _call_shape(runs[spec])) for spec in specs))
         pairs = pair_up(runs[specs[0]], runs[specs[1]])
     if as_json:
         data: dict[str, Any] = {"results": {spec: [r.to_dict() for r in results] for spec, results in runs.items()}}
@@ -52,19 +57,46 @@ def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: b
     _print(runs, specs, pairs)
 
 
-def _run(spec: str, options: dict[str, Any]):
+def _prepare(spec: str, options: dict[str, Any]) -> tuple[Any, tuple[int, ...] | None]:
+    """The loaded model (``None`` for an ONNX file) and the input shape it will be timed at (``None``: the file's)."""
+    from optkit.analysis import latency as bench
+
+    if bench.is_onnx(spec):
+        if set(options["engines"]) - {"onnxruntime"}:
+            raise click.UsageError(f"{spec} is an ONNX file: it runs only with --engine onnxruntime")
+        return None, options["input_shape"]
+    from optkit.io import models
+
+    loaded = models.load(spec, arch=options["arch"], num_classes=options["num_classes"], trust=options["trust"])
+    return loaded, options["input_shape"] or models.infer_input_shape(loaded)
+
+
+def _check_same_input(a: tuple[str, tuple[int, ...] | None], b: tuple[str, tuple[int, ...] | None]) -> None:
+    """Refuse to compare two models timed on inputs of different shapes (their ratio would compare different work)."""
+    from optkit.core.errors import OptkitError
+
+    (spec_a, shape_a), (spec_b, shape_b) = a, b
+    if shape_a is None or shape_b is None or tuple(shape_a[1:]) == tuple(shape_b[1:]):
+        return
+    raise OptkitError(f"A ({spec_a}) takes {_sample(shape_a)} inputs but B ({spec_b}) takes {_sample(shape_b)}, so their "
+                      "times are not comparable; compare models of the same input, or give an --input-shape both take")
+
+
+def _sample(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape[1:]))
+
+
+def _call_shape(results: list) -> tuple[int, ...] | None:
+    return tuple(results[0].input_shape) if results else None
+
+
+def _time(spec: str, loaded: Any, shape: tuple[int, ...] | None, options: dict[str, Any]):
     from optkit.analysis import latency as bench
 
     timing = {k: options[k] for k in ("threads", "device", "warmup", "repeats")}
     batch_sizes = list(options["batch_sizes"]) or None
-    if bench.is_onnx(spec):
-        if set(options["engines"]) - {"onnxruntime"}:
-            raise click.UsageError(f"{spec} is an ONNX file: it runs only with --engine onnxruntime")
-        return bench.bench_onnx(spec, options["input_shape"], batch_sizes=batch_sizes, **timing)
-    from optkit.io import models
-
-    loaded = models.load(spec, arch=options["arch"], num_classes=options["num_classes"], trust=options["trust"])
-    shape = options["input_shape"] or models.infer_input_shape(loaded)
+    if loaded is None:
+        return bench.bench_onnx(spec, shape, batch_sizes=batch_sizes, **timing)
     results = []
     for engine in dict.fromkeys(options["engines"] or ("torch",)):
         run = bench.bench_torch if engine == "torch" else bench.bench_exported
