@@ -325,7 +325,7 @@ def _run_exporter(model: nn.Module, path: Path, shape: tuple[int, ...], exporter
     batch = max(2, shape[0]) if dynamic_batch and exporter == "dynamo" else shape[0]
     inputs = kind.example_inputs(model, (batch, *shape[1:]))
     module = kind.export_module(model, inputs)
-    args = (inputs.first(),) if module is model else tuple(inputs.tensors())
+    args = tuple(inputs.args) if module is model else tuple(inputs.tensors())
     with torch.no_grad():
         outputs = kind.outputs(inputs.call(model))
     output_names = kind.output_names(len(outputs))

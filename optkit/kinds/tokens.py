@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import OptkitError
@@ -43,8 +45,10 @@ class TokenModel(ModelKind):
 
         if getattr(model, "main_input_name", None) == "input_ids":
             return True
+        if not any(isinstance(m, nn.Embedding) for m in model.modules()):
+            return False
         first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
-        return isinstance(first, nn.Embedding)
+        return isinstance(first, nn.Embedding) or isinstance(_first_consumer(model), nn.Embedding)
 
     def default_shape(self, model: nn.Module) -> tuple[int, ...]:
         positions = max_positions(model)
@@ -108,6 +112,38 @@ class TokenModel(ModelKind):
                 if isinstance(child, nn.Linear) and hidden in (child.in_features, child.out_features):
                     held[prefix + name] = ATTENTION_REASON
         return held
+
+
+#: Probe results by model: the probe runs a forward pass, and kinds are asked for often.
+_probed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+PROBE_LENGTH = 8
+
+
+def _first_consumer(model: nn.Module) -> nn.Module | None:
+    """The first layer with parameters that a forward pass on token ids reaches (an embedding for a token model).
+
+    The ids are zeros, valid in any vocabulary; an image model fails at its
+    first convolution, which is then the first layer reached.
+    """
+    import torch
+
+    if model in _probed:
+        return _probed[model]()
+    reached: list = []
+    hooks = [m.register_forward_pre_hook(lambda module, args: reached.append(module))
+             for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad(), contextlib.suppress(Exception):
+            model(torch.zeros(1, PROBE_LENGTH, dtype=torch.long))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    first = reached[0] if reached else None
+    _probed[model] = weakref.ref(first) if first is not None else (lambda: None)
+    return first
 
 
 def _field(output: Any, name: str) -> Any:

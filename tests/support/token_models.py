@@ -45,3 +45,16 @@ class PlainTokenModel(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.block(self.embed(ids)))
+
+
+class LateEmbeddingModel(nn.Module):
+    """A token model whose head is registered before its embedding: only a forward pass shows the ids go in first."""
+
+    def __init__(self, vocab: int = VOCAB, width: int = 32):
+        super().__init__()
+        self.head = nn.Linear(width, vocab)
+        self.mix = nn.Linear(width, width)
+        self.embed = nn.Embedding(vocab, width)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mix(self.embed(ids))))
