@@ -155,3 +155,31 @@ def test_optimize_writes_markdown_and_plot(tmp_path, pass_):
     else:
         assert all(row["before"] == row["after"] for row in report["layers"])
         assert UNSTRUCTURED_NOTE in text
+
+
+# The shipped Fashion model's channels after `--prune 0.3` (round_to 16): about half of each 32/64-channel layer went.
+SHIPPED_AT_03 = {"before": {"stem.0": 32, "layer2.conv1": 64, "layer3.conv1": 128, "fc": 10},
+                 "after": {"stem.0": 16, "layer2.conv1": 32, "layer3.conv1": 80, "fc": 10}}
+
+
+def test_a_ratio_prune_that_rounding_moved_away_from_the_ratio_says_so():
+    """#31: `--prune 0.3` removed 43% of the pruned layers' channels with no note."""
+    report = build_report(fake_run(details={"ratio": 0.3}), model="m", input_shape=(1, 1, 28, 28),
+                          channels=SHIPPED_AT_03)
+    drift = [note for note in report["notes"] if "not the 30% asked" in note]
+    assert drift == ["structured_prune removed 43% of the channels of the 3 layers it pruned, not the 30% asked "
+                     "(e.g. stem.0: 32 -> 16): each layer keeps a multiple of round_to channels, and iterative "
+                     "steps round at every step; --round-to 1 follows the ratio more closely, --target-macs aims "
+                     "at a MACs fraction instead"]
+    assert f"- {drift[0]}" in to_markdown(report)
+
+
+@pytest.mark.parametrize("details, after", [
+    ({"ratio": 0.3}, {"stem.0": 22, "layer2.conv1": 45, "layer3.conv1": 90, "fc": 10}),
+    ({"ratio": None, "target": "macs", "target_fraction": 0.5}, SHIPPED_AT_03["after"]),
+    ({"ratio": 0.3, "layer_ratios": {"stem.0": 0.5}}, SHIPPED_AT_03["after"]),
+])
+def test_no_ratio_note_when_the_ratio_was_met_or_a_target_was_asked(details, after):
+    report = build_report(fake_run(details=details), model="m", input_shape=(1, 1, 28, 28),
+                          channels={"before": SHIPPED_AT_03["before"], "after": after})
+    assert not [note for note in report["notes"] if "asked (e.g." in note]

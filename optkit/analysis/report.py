@@ -89,6 +89,7 @@ def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
     for name, layers in skipped_layers(report).items():
         notes.append(f"{name} left {len(layers)} layer(s) untouched (listed under Skipped layers in report.md)")
     notes += _small_channel_cuts(run)
+    notes += _ratio_drift(run, report["layers"])
     if report.get("onnx_latency"):
         notes.append(onnx_latency_note(report["onnx_latency"]))
     elif "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
@@ -98,6 +99,33 @@ def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
         notes.append(f"the latency figures are noisy (p90 / median up to {max(spreads):.2f}): other work was "
                      "competing for the machine; re-time with `optkit bench --compare` on a quiet machine")
     return notes
+
+
+#: How far (as a fraction of the channels) the channels a ratio prune removed may be from the ratio without a note.
+RATIO_DRIFT = 0.05
+
+
+def _ratio_drift(run: PipelineRun, layers: list[dict[str, Any]]) -> list[str]:
+    """A note when a prune at a plain ratio removed a share of channels well away from that ratio.
+
+    Per-layer rounding (``round_to``) and rounding at every one of several
+    iterative steps move the share; the pruned layers' channel counts before
+    and after show by how much. Target searches (``details["target"]``) aim at
+    a MACs fraction instead and are left alone.
+    """
+    asked = [r for r in run.records if isinstance(r.details.get("ratio"), (int, float)) and r.details["ratio"] > 0]
+    changed = [row for row in layers if row["before"] and row["after"] is not None and row["after"] != row["before"]]
+    if len(asked) != 1 or "target" in asked[0].details or asked[0].details.get("layer_ratios") or not changed:
+        return []
+    ratio = asked[0].details["ratio"]
+    removed = sum(row["before"] - row["after"] for row in changed) / sum(row["before"] for row in changed)
+    if abs(removed - ratio) <= RATIO_DRIFT:
+        return []
+    example = max(changed, key=lambda row: abs((row["before"] - row["after"]) / row["before"] - ratio))
+    return [f"{asked[0].name} removed {removed:.0%} of the channels of the {len(changed)} layers it pruned, not "
+            f"the {ratio:.0%} asked (e.g. {example['name']}: {example['before']} -> {example['after']}): each layer "
+            "keeps a multiple of round_to channels, and iterative steps round at every step; --round-to 1 follows "
+            "the ratio more closely, --target-macs aims at a MACs fraction instead"]
 
 
 def onnx_latency_note(timing: dict[str, Any]) -> str:
