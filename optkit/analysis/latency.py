@@ -122,11 +122,11 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
     results = []
     try:
         for shape in _shapes(input_shape, batch_sizes):
-            x = torch.randn(*shape, device=device)
+            inputs = _example_inputs(model, shape)
 
             def call() -> None:
                 with torch.no_grad():
-                    model(x)
+                    inputs.call(model)
                 sync()
 
             try:
@@ -139,6 +139,15 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
         torch.set_num_threads(previous_threads)
         model.train(was_training)
     return results
+
+
+def _example_inputs(model: nn.Module, shape: tuple[int, ...]) -> Any:
+    from optkit.kinds import example_inputs
+
+    try:
+        return example_inputs(model, shape)
+    except OptkitError as e:
+        raise OptkitError(f"the model does not take input shape {','.join(map(str, shape))}: {e}") from e
 
 
 def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, *,

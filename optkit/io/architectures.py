@@ -21,7 +21,8 @@ class ArchSpec:
     """How to build an architecture from scratch.
 
     Attributes:
-        spec: ``torchvision:NAME``, ``timm:NAME`` or ``package.module:Class``.
+        spec: ``torchvision:NAME``, ``timm:NAME``, ``hf:DIR`` (a ``save_pretrained`` folder's config)
+            or ``package.module:Class``.
         kwargs: constructor keyword arguments (plain values only), e.g. ``num_classes``.
     """
 
@@ -42,6 +43,10 @@ class ArchSpec:
             return _build_torchvision(name, self.kwargs)
         if kind == "timm":
             return _build_timm(name, self.kwargs)
+        if kind == "hf":
+            from optkit.io.hf import build_from_config
+
+            return build_from_config(name)
         return _build_class(kind, name, self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:

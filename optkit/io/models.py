@@ -21,41 +21,27 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import warnings
-import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from optkit.core.errors import ModelLoadError, UntrustedPickleError
+from optkit.core.errors import ModelLoadError
 from optkit.io import confirmed
 from optkit.io.architectures import ArchSpec, arch_spec, torchvision_names
+from optkit.io.weights import read_checkpoint, read_safetensors, short_error
 from optkit.kinds.image import input_channels
 
-__all__ = ["BUILDER_PREFIXES", "LoadedModel", "describe_mismatch", "infer_input_shape", "input_channels", "load",
-           "load_model", "read_checkpoint", "read_safetensors", "requested_kind"]
+__all__ = ["BUILDER_PREFIXES", "ArchSpec", "LoadedModel", "arch_spec", "describe_mismatch", "infer_input_shape",
+           "input_channels", "load", "load_model", "read_checkpoint", "read_safetensors", "requested_kind",
+           "torchvision_names"]
 
 #: Spec prefixes that build an architecture by name (no file needed).
 BUILDER_PREFIXES = ("torchvision:", "timm:")
-#: safetensors files start with the little-endian length of a JSON header that opens with ``{``.
-SAFETENSORS_HEADER_OFFSET = 8
-
 _requested_kind: contextvars.ContextVar[str | None] = contextvars.ContextVar("optkit_requested_kind", default=None)
-
-#: How much a zip checkpoint's members may expand beyond the file's own size.
-#: ``torch.save`` stores members uncompressed, so a real checkpoint never
-#: expands; a deflated archive could inflate a small file into gigabytes.
-ZIP_EXPANSION_SLACK = 1 << 20
-
-TRUST_HINT = (
-    "it contains pickled Python objects, and unpickling can run arbitrary code; "
-    "pass --trust (trust=True) only if you trust where the file came from"
-)
-
 
 @dataclass
 class LoadedModel:
@@ -66,12 +52,14 @@ class LoadedModel:
         arch: how to rebuild its architecture, or ``None`` for a whole pickled module.
         source: the spec or path it came from.
         recorded_input_shape: the input shape an optkit ``model.pt`` records in its recipe, if any.
+        notes: what the user should know about how it was loaded (e.g. random weights).
     """
 
     model: nn.Module
     arch: ArchSpec | None
     source: str
     recorded_input_shape: tuple[int, ...] | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,
@@ -113,7 +101,15 @@ def requested_kind(kind: str | None) -> Iterator[None]:
 
 
 def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None, trust: bool) -> LoadedModel:
+    from optkit.io import hf
+
     text = os.fspath(spec)
+    folder = hf.hf_folder(text)
+    if folder is not None:
+        if arch is not None:
+            raise ModelLoadError(f"--arch is only for state_dict files; {text} holds config.json, which names the "
+                                 "architecture")
+        return _load_hf_folder(folder, trust=trust)
     if text.startswith(BUILDER_PREFIXES) and not Path(text).exists():
         if arch is not None:
             raise ModelLoadError(f"--arch is only for state_dict files; {text} already names the architecture")
@@ -142,9 +138,34 @@ def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None,
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as e:
-        raise ModelLoadError(f"{text} does not load into --arch {arch} ({_short(e)}); "
+        raise ModelLoadError(f"{text} does not load into --arch {arch} ({short_error(e)}); "
                              "check --arch and --num-classes") from e
     return LoadedModel(model, architecture, text)
+
+
+def _load_hf_folder(folder: Path, *, trust: bool) -> LoadedModel:
+    from optkit.io import hf
+
+    architecture = ArchSpec(f"{hf.HF_PREFIX}{folder}")
+    model = architecture.build()
+    state_dict = hf.read_weights(folder, trust=trust)
+    if state_dict is None:
+        note = (f"{folder} has a config but no weights (model.safetensors): the model has random weights, so "
+                "accuracy figures mean nothing")
+        return LoadedModel(model.eval(), architecture, str(folder), notes=[note])
+    expected = _without_tied_copies(model, state_dict)
+    mismatch = describe_mismatch(expected, state_dict)
+    if mismatch:
+        raise ModelLoadError(f"the weights in {folder} do not fit its config.json: {mismatch}")
+    model.load_state_dict(state_dict, strict=False)
+    return LoadedModel(model.eval(), architecture, str(folder))
+
+
+def _without_tied_copies(model: nn.Module, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's state_dict less the keys whose tensor is shared with a key the file has (tied embeddings)."""
+    state = model.state_dict(keep_vars=True)
+    present = {id(state[k]) for k in found if k in state}
+    return {k: v for k, v in state.items() if k in found or id(v) not in present}
 
 
 #: Key names quoted in a mismatch message, so a wrong --arch gives one line, not thousands of keys.
@@ -186,78 +207,6 @@ def load_model(spec: str | os.PathLike, *, arch: str | None = None, num_classes:
                trust: bool = False) -> nn.Module:
     """Load a model from a spec; see :func:`load` for the arguments and errors."""
     return load(spec, arch=arch, num_classes=num_classes, trust=trust).model
-
-
-def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
-    """Read a ``torch.save`` file, safely unless ``trust`` is given.
-
-    Raises:
-        ModelLoadError: for a missing, empty or unreadable file, or one that
-            needs full unpickling without ``trust``.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise ModelLoadError(f"{p}: no such file (give a checkpoint path or torchvision:NAME)")
-    if p.is_dir():
-        raise ModelLoadError(f"{p} is a directory; give the checkpoint file inside it")
-    if not p.is_file():
-        raise ModelLoadError(f"{p} is not a regular file (a pipe, socket or device); give a checkpoint file")
-    if p.stat().st_size == 0:
-        raise ModelLoadError(f"{p} is empty; it is not a PyTorch checkpoint")
-    with open(p, "rb") as f:
-        magic = f.read(2)
-        f.seek(SAFETENSORS_HEADER_OFFSET)
-        header_start = f.read(1)
-    if header_start == b"{" and magic not in (b"PK",) and magic[:1] != b"\x80":
-        return read_safetensors(p)
-    # torch.save writes a zip archive ("PK"); older files are raw pickles (0x80 = protocol 2+).
-    if magic != b"PK" and magic[:1] != b"\x80":
-        raise ModelLoadError(f"{p} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
-    if magic == b"PK":
-        _check_zip(p)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(p, map_location="cpu", weights_only=not trust)
-    except Exception as e:
-        if "Weights only load failed" in str(e):
-            raise UntrustedPickleError(f"{p} was refused: {TRUST_HINT}") from e
-        raise ModelLoadError(f"{p} is not a readable PyTorch checkpoint ({type(e).__name__}: {_short(e)})") from e
-
-
-def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read a ``.safetensors`` file's tensors (a format that holds no code, so no trust is needed).
-
-    Raises:
-        ModelLoadError: for a damaged file or a missing ``safetensors`` package.
-    """
-    try:
-        from safetensors.torch import load_file
-    except ImportError as e:
-        raise ModelLoadError(f"{path} is a safetensors file: pip install safetensors") from e
-    try:
-        return load_file(str(path), device="cpu")
-    except Exception as e:
-        raise ModelLoadError(f"{path} is not a readable safetensors file ({_short(e)})") from e
-
-
-def _check_zip(path: Path) -> None:
-    """Refuse a damaged archive, or one whose members would inflate far beyond the file's size."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            expanded = sum(info.file_size for info in archive.infolist())
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise ModelLoadError(f"{path} is truncated or damaged (not a complete zip archive: {_short(e)}); "
-                             "download or save it again") from e
-    size = path.stat().st_size
-    if expanded > size + ZIP_EXPANSION_SLACK:
-        raise ModelLoadError(f"{path} is a compressed archive that would expand from {size} to {expanded} bytes "
-                             "in memory; torch.save never compresses, so re-save the model with torch.save")
-
-
-def _short(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:200] if text else "no details"
 
 
 def _find_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:

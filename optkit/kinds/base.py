@@ -1,4 +1,4 @@
-"""The model-kind contract and its registry.
+"""The model-kind contract: what a kind of model takes, returns and keeps (the registry is :mod:`optkit.kinds.registry`).
 
 A **model kind** describes a family of models: what they take (an image batch,
 token ids and an attention mask, a list of images), what of their output is
@@ -6,21 +6,14 @@ compared and exported, which sub-module structured pruning works on, and which
 layers keep their width. Passes, metrics, export and reports ask the kind of a
 model (:func:`kind_of`) instead of assuming an image tensor.
 
-Kinds are registered like passes: ``@register_kind`` on a :class:`ModelKind`
-subclass, or an entry point in the ``optkit.kinds`` group
-(``name = "package.module:Class"``) in an installed package. A model's kind is
-the one named for it (:func:`set_kind`, ``--kind``) or else the first registered
-kind, by ``priority``, whose :meth:`ModelKind.matches` accepts it.
+A model's kind is the one named for it (``set_kind``, ``--kind``) or else the
+first registered kind, by ``priority``, whose :meth:`ModelKind.matches` accepts it.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import importlib
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import metadata
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from optkit.core.errors import OptkitError
 
@@ -28,13 +21,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["ENTRY_POINT_GROUP", "KIND_ATTRIBUTE", "ModelInputs", "ModelKind", "call_with", "get_kind", "kind_of", "list_kinds",
-           "model_device", "register_kind", "set_kind"]
+__all__ = ["KIND_ATTRIBUTE", "ModelInputs", "ModelKind", "call_with", "export_view", "flatten_tensors",
+           "model_device"]
 
-ENTRY_POINT_GROUP = "optkit.kinds"
 #: The attribute a named kind is stored under on a model (it survives ``copy.deepcopy`` and in-place pruning).
 KIND_ATTRIBUTE = "_optkit_kind"
-K = TypeVar("K", bound=type)
 
 
 @dataclass
@@ -225,88 +216,3 @@ def flatten_tensors(output: Any) -> list[torch.Tensor]:
         raise OptkitError(f"the model returns {type(output).__name__} with no tensor in it; "
                           "optkit compares and exports tensors (or tuples/lists/dicts of them)")
     return found
-
-
-_registered: dict[str, type[ModelKind]] = {}
-
-
-def register_kind(cls: K) -> K:
-    """Class decorator: register a :class:`ModelKind` subclass under its ``name``.
-
-    Raises:
-        TypeError: if ``cls`` is not a ``ModelKind`` subclass.
-        ValueError: if the name is empty or another class has it.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, ModelKind)):
-        raise TypeError(f"@register_kind needs a subclass of ModelKind, got {cls!r}")
-    if not cls.name or not cls.name.replace("_", "").isalnum() or not cls.name.islower():
-        raise ValueError(f"{cls.__name__}.name must be a snake_case kind name such as 'my_kind', got {cls.name!r}")
-    known = _registered.get(cls.name)
-    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"kind name {cls.name!r} is already registered by {known.__module__}.{known.__qualname__}")
-    _registered[cls.name] = cls
-    _instances.cache_clear()
-    return cls
-
-
-BUILTIN_MODULES = ("optkit.kinds.image", "optkit.kinds.segmentation", "optkit.kinds.detection", "optkit.kinds.tokens")
-
-
-@lru_cache(maxsize=1)
-def _load_sources() -> None:
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
-    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        cls = entry.load()
-        if getattr(cls, "name", None) != entry.name:
-            raise OptkitError(f"entry point {entry.name!r} in group {ENTRY_POINT_GROUP} loads {cls!r}, whose name is not "
-                              f"{entry.name!r}; the entry point's name must be the kind's name")
-        register_kind(cls)
-
-
-@lru_cache(maxsize=1)
-def _instances() -> tuple[ModelKind, ...]:
-    _load_sources()
-    return tuple(cls() for cls in sorted(_registered.values(), key=lambda c: (c.priority, c.name)))
-
-
-def list_kinds(pattern: str = "*") -> list[str]:
-    """Registered kind names matching an fnmatch ``pattern``, in inference order."""
-    return [kind.name for kind in _instances() if fnmatch.fnmatchcase(kind.name, pattern)]
-
-
-def get_kind(name: str) -> ModelKind:
-    """The registered kind called ``name``.
-
-    Raises:
-        OptkitError: naming the registered kinds when there is none by that name.
-    """
-    for kind in _instances():
-        if kind.name == name:
-            return kind
-    raise OptkitError(f"unknown model kind {name!r}; choose from {', '.join(list_kinds())}")
-
-
-def set_kind(model: nn.Module, name: str | None) -> nn.Module:
-    """Name ``model``'s kind (``None`` clears it, so it is inferred again); returns the model.
-
-    Raises:
-        OptkitError: for an unknown kind name.
-    """
-    if name is None:
-        model.__dict__.pop(KIND_ATTRIBUTE, None)
-        return model
-    get_kind(name)
-    model.__dict__[KIND_ATTRIBUTE] = name
-    return model
-
-
-def kind_of(model: nn.Module) -> ModelKind:
-    """The kind named for ``model`` (:func:`set_kind`), else the first registered kind that matches it."""
-    named = model.__dict__.get(KIND_ATTRIBUTE)
-    if named is not None:
-        return get_kind(named)
-    for kind in _instances():
-        if kind.matches(model):
-            return kind
-    return get_kind("image_classifier")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import OptkitError
-from optkit.kinds.base import ModelInputs, ModelKind, export_view, model_device, register_kind
+from optkit.kinds.base import ModelInputs, ModelKind, export_view, model_device
 from optkit.kinds.image import input_channels
 
 if TYPE_CHECKING:
@@ -32,7 +32,6 @@ def has_detection_transform(model: nn.Module) -> bool:
     return any(isinstance(m, GeneralizedRCNNTransform) for m in model.children())
 
 
-@register_kind
 class Detection(ModelKind):
     """Detectors such as torchvision's Faster R-CNN, RetinaNet, FCOS and SSD.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from optkit.kinds.base import ModelInputs, ModelKind, model_device, register_kind
+from optkit.kinds.base import ModelInputs, ModelKind, model_device
 
 if TYPE_CHECKING:
     from torch import nn
@@ -12,7 +12,6 @@ if TYPE_CHECKING:
 DEFAULT_IMAGE_SIZE = 224
 
 
-@register_kind
 class ImageClassifier(ModelKind):
     """Any model taking one float tensor: an image batch ``N,C,H,W`` (or features ``N,F``).
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from optkit.kinds.base import ModelInputs, ModelKind, register_kind
+from optkit.kinds.base import ModelInputs, ModelKind
 from optkit.kinds.image import DEFAULT_IMAGE_SIZE, input_channels, random_images
 
 if TYPE_CHECKING:
@@ -14,7 +14,6 @@ if TYPE_CHECKING:
 BACKBONE = "backbone"
 
 
-@register_kind
 class Segmentation(ModelKind):
     """Encoder-head segmentation models such as torchvision's FCN, DeepLabV3 and LR-ASPP.
 

@@ -8,7 +8,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import OptkitError
-from optkit.kinds.base import ModelInputs, ModelKind, export_view, model_device, register_kind
+from optkit.kinds.base import ModelInputs, ModelKind, export_view, model_device
 
 if TYPE_CHECKING:
     import torch
@@ -24,7 +24,6 @@ ATTENTION_REASON = ("attention projection: heads are kept whole (structured prun
 MIN_ATTENTION_PROJECTIONS = 3
 
 
-@register_kind
 class TokenModel(ModelKind):
     """Encoders and causal LMs: ``input_ids`` and ``attention_mask`` of shape ``N,L``, ids below the vocabulary size.
 
