@@ -13,7 +13,7 @@ one declaration of every training setting), or any object with the same
 attributes.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1) it trains with DistributedDataParallel
-(:mod:`~optkit.passes.finetune.distributed`); every rank must call it with the
+(:mod:`~optkit.runtime.distributed`); every rank must call it with the
 same model, data and settings, and only rank 0 writes checkpoints.
 """
 
@@ -36,8 +36,8 @@ from optkit.core.errors import TrainingError
 from optkit.data.loader import make_loader
 from optkit.passes.device.passes import resolve_device
 from optkit.passes.finetune.checkpoints import Checkpoints, RunState, run_identity
-from optkit.passes.finetune.distributed import (all_finite, all_reduce_sum, broadcast_buffers, init_distributed,
-                                                rank_and_world, wrap_ddp)
+from optkit.runtime.distributed import (all_finite, all_reduce_sum, broadcast_buffers, init_distributed,
+                                        rank_and_world, wrap_ddp)
 from optkit.passes.finetune.objectives import cosine_with_warmup, distillation_loss, param_groups
 from optkit.passes.finetune.progress import TrainingProgress
 from optkit.passes.finetune.sampling import ResumableSampler, capped

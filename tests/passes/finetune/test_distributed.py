@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 
 from optkit.core.errors import OptkitError
 from optkit.passes.device.passes import resolve_device
-from optkit.passes.finetune.distributed import init_distributed, is_main_process
+from optkit.runtime.distributed import init_distributed, is_main_process
 from optkit.passes.finetune.loop import fit
 from optkit.passes.finetune.passes import FineTune
 
