@@ -41,7 +41,7 @@ from optkit.demo import FASHION_RESNET  # noqa: E402
 from optkit.io import checkpoint  # noqa: E402
 
 from optkit.io import models  # noqa: E402
-from optkit.io.files import atomic_path, write_text  # noqa: E402
+from optkit.core.files import atomic_path, write_text  # noqa: E402
 from optkit.data.datasets import load_dataset  # noqa: E402
 from optkit.analysis.metrics import measure  # noqa: E402
 from optkit.passes.batchnorm.passes import RecalibrateBatchNorm  # noqa: E402

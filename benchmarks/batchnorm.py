@@ -38,7 +38,7 @@ import torch
 import torchvision
 from torch import nn
 
-from optkit.io.files import write_text
+from optkit.core.files import write_text
 from optkit.data import load_dataset, make_loader
 from optkit.analysis.metrics import count_params, time_callable
 from optkit.passes.batchnorm.passes import fold_batchnorm, insert_batchnorm, recalibrate_batchnorm

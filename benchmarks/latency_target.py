@@ -37,7 +37,7 @@ from optkit.analysis.latency import cpu_model, interleaved_latency
 from optkit.passes.prune.latency_table import build_table
 from optkit.analysis.metrics import count_macs
 from optkit.export.onnx import export_onnx
-from optkit.io.files import write_text
+from optkit.core.files import write_text
 from optkit.passes.prune.passes import StructuredPrune
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16")

@@ -40,7 +40,7 @@ def main() -> None:
     import torch
 
     from optkit.analysis.metrics import count_macs
-    from optkit.io.files import write_text
+    from optkit.core.files import write_text
     from optkit.passes.prune.passes import DEFAULT_ROUND_TO, StructuredPrune
 
     rows = []

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from optkit.analysis.latency import interleaved_latency  # noqa: E402
 from optkit.analysis.metrics import count_macs  # noqa: E402
 from optkit.export.onnx import export_onnx  # noqa: E402
-from optkit.io.files import write_text  # noqa: E402
+from optkit.core.files import write_text  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

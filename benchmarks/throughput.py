@@ -47,7 +47,7 @@ from _smallnet import SmallResNet18  # noqa: E402
 from optkit.passes.precision import autocast as amp  # noqa: E402
 
 import optkit.data as data  # noqa: E402
-from optkit.io.files import write_text  # noqa: E402
+from optkit.core.files import write_text  # noqa: E402
 from optkit.passes.precision.passes import Autocast  # noqa: E402
 from optkit.analysis.latency import cpu_model  # noqa: E402
 

@@ -390,7 +390,7 @@ def run_timm_zoo(args: argparse.Namespace) -> None:
     import torch
     import torch_pruning
 
-    from optkit.io.files import write_text
+    from optkit.core.files import write_text
 
     names = args.models or list(TIMM_MODELS)
     started = time.perf_counter()
@@ -472,7 +472,7 @@ def rerun_comparison(args: argparse.Namespace) -> None:
 
 def write_results(data: dict) -> None:
     """Write zoo.json and zoo.md (atomically, so an interrupted run keeps the last complete pair)."""
-    from optkit.io.files import write_text
+    from optkit.core.files import write_text
 
     write_text(RESULTS / "zoo.json", json.dumps(data, indent=1) + "\n")
     write_text(RESULTS / "zoo.md", markdown(data))

@@ -40,8 +40,6 @@ LEVELS = {
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("optkit.core.pipeline", "optkit.analysis.metrics"):
         "ModelStats and measure for each pass's record: take them from the ground-floor model-utilities module",
-    ("optkit.core.pipeline", "optkit.io.files"):
-        "Pipeline.save's atomic write_text: move that stdlib-only helper into core, or let callers write to_toml()",
     ("optkit.data.adapt", "optkit.analysis.metrics"):
         "example_input for the probe forward pass: use optkit.kinds.example_inputs (kinds sits below data)",
     ("optkit.export.onnx", "optkit.passes.batchnorm.passes"):

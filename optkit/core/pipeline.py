@@ -7,21 +7,23 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from optkit.analysis.metrics import ModelStats, measure
 from optkit.core import forms, recipe
 from optkit.core.context import RunContext
 from optkit.core.contract import DEFAULT_INPUT_SHAPE, SHARED_SETTINGS, Pass, PassResult, check_input_shape
 from optkit.core.errors import FormError, OptkitError, PassError, RecipeError
 from optkit.core.forms import TORCH
+from optkit.core.files import write_text
 from optkit.core.settings import check_device
-from optkit.io.files import write_text
 
-#: A pipeline step: a registered-style :class:`Pass`, or any callable ``model -> model``.
-Step = Pass | Callable[[nn.Module], nn.Module]
+if TYPE_CHECKING:
+    from torch import nn
+
+    from optkit.analysis.metrics import ModelStats
+
+#: A pipeline step: a registered-style :class:`Pass`, or any callable ``model -> model`` (torch is not imported here).
+Step = Pass | Callable[[Any], Any]
 
 
 @dataclass
@@ -162,7 +164,7 @@ class Pipeline:
         steps = self.resolved_passes()
         if not context.is_main:
             steps = [p for p in steps if not isinstance(p, Pass) or p.accepts == TORCH and p.produces == TORCH]
-        before = measure(model, self.input_shape) if measure_stats else None
+        before = _measure(model, self.input_shape) if measure_stats else None
         steps = context.bind(steps, model)
         records: list[PassRecord] = []
         after = before
@@ -189,7 +191,7 @@ class Pipeline:
 
     def _measure_after(self, name: str, model: nn.Module, records: list[PassRecord]) -> ModelStats:
         try:
-            return measure(model, self.input_shape)
+            return _measure(model, self.input_shape)
         except OptkitError:
             raise
         except Exception as e:
@@ -272,6 +274,15 @@ def _apply(step: Step, model: Any) -> PassResult:
     if isinstance(step, Pass):
         return step.apply(model)
     returned = step(model)
+    from torch import nn
+
     if not isinstance(returned, nn.Module):
         raise TypeError(f"{step_name(step)} returned {type(returned).__name__}; a pass must return the model")
     return PassResult(returned)
+
+
+def _measure(model: nn.Module, input_shape: tuple[int, ...]) -> ModelStats:
+    # Counting needs torch and the model's kind: imported when a pipeline runs, so importing core stays torch-free.
+    from optkit.analysis.metrics import measure
+
+    return measure(model, input_shape)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from optkit import __version__
-from optkit.io.files import atomic_path
+from optkit.core.files import atomic_path
 from optkit.core.errors import ModelLoadError
 from optkit.io.architectures import ArchSpec, import_module_class
 

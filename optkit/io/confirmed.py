@@ -8,7 +8,7 @@ confirmed the architecture is remembered here by the SHA-256 of its bytes, so
 later commands on that same file need no ``--arch``. A file made or changed
 anywhere else has another hash and still needs the confirmation.
 
-The record lives in the per-user cache (:func:`optkit.io.files.cache_dir`), never
+The record lives in the per-user cache (:func:`optkit.core.files.cache_dir`), never
 beside the checkpoint, where whoever ships the file could ship it too.
 """
 
@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from optkit.io.files import cache_dir, write_text
+from optkit.core.files import cache_dir, write_text
 
 _FILE = "confirmed-architectures.json"
 

@@ -10,12 +10,6 @@ import pytest
 
 CORE = Path(__file__).resolve().parents[2] / "optkit" / "core"
 
-# Core modules that still load torch at import time, with the import that does it.
-LOADS_TORCH = {
-    "optkit.core.pipeline": "module-level 'from torch import nn' (for the Step alias and one isinstance) and "
-                            "'from optkit.analysis.metrics import ModelStats, measure' (metrics imports torch)",
-}
-
 
 def _core_modules() -> list[str]:
     names = sorted(f"optkit.core.{path.stem}" for path in CORE.glob("*.py") if path.stem != "__init__")
@@ -28,10 +22,7 @@ def _torch_loaded_by(module: str) -> bool:
     return result.stdout.strip() == "True"
 
 
-@pytest.mark.parametrize("module", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=LOADS_TORCH[name])) if name in LOADS_TORCH else name
-    for name in _core_modules()
-])
+@pytest.mark.parametrize("module", _core_modules())
 def test_importing_core_loads_no_torch(module):
     assert not _torch_loaded_by(module)
 

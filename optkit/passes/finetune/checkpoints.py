@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from optkit.core.errors import ModelLoadError, TrainingError, UntrustedPickleError
-from optkit.io.files import atomic_path
+from optkit.core.files import atomic_path
 from optkit.io.models import read_checkpoint
 
 CHECKPOINT_FORMAT = "optkit.train-checkpoint"

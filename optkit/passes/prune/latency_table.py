@@ -92,7 +92,7 @@ def build_table(model: nn.Module, input_shape: tuple[int, ...], *, threads: int 
     Returns:
         the table, with its ``cost``.
     """
-    from optkit.io.files import cache_dir, write_text
+    from optkit.core.files import cache_dir, write_text
 
     start = time.perf_counter()
     threads = threads or os.cpu_count() or 1

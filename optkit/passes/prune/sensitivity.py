@@ -369,7 +369,7 @@ def _cache_key(model: nn.Module, settings: SensitivitySettings, template: Pass,
 
 
 def _cache_path(key: str):
-    from optkit.io.files import cache_dir
+    from optkit.core.files import cache_dir
 
     return cache_dir() / "sensitivity" / f"{key}.json"
 
@@ -383,7 +383,7 @@ def _read_cache(key: str) -> dict[str, Any]:
 
 
 def _write_cache(key: str, cache: dict[str, Any]) -> None:
-    from optkit.io.files import write_text
+    from optkit.core.files import write_text
 
     write_text(_cache_path(key), json.dumps(cache, sort_keys=True))
 

@@ -174,8 +174,8 @@ def machine_key(threads: int) -> str:
 
 
 def default_cache_path() -> Path:
-    """``int8-op-speed.json`` in optkit's cache folder (:func:`optkit.io.files.cache_dir`)."""
-    from optkit.io.files import cache_dir
+    """``int8-op-speed.json`` in optkit's cache folder (:func:`optkit.core.files.cache_dir`)."""
+    from optkit.core.files import cache_dir
 
     return cache_dir() / "int8-op-speed.json"
 
@@ -206,7 +206,7 @@ class GainCache:
     def put(self, machine: str, digest: str, gains: dict[str, float], fp32_groups: list[str],
             fp32_nodes: list[str]) -> None:
         """Store a verdict (atomically; a cache that cannot be written is skipped, it only saves time)."""
-        from optkit.io.files import write_text
+        from optkit.core.files import write_text
 
         data = self._read()
         data.setdefault(machine, {})[digest] = {"gains": gains, "fp32_groups": fp32_groups, "fp32_nodes": fp32_nodes}
