@@ -33,23 +33,39 @@ MAX_COMPUTE_BATCH = 256
 
 
 def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
-    """Run one forward pass so a wrong input shape fails early with a clear message.
+    """Run one forward pass on the kind's example inputs so a wrong input shape or kind fails early, in one line.
 
     Raises:
-        OptkitError: naming the input shape and the option that sets it.
+        OptkitError: naming the input shape and the option that sets it (``--seq-len`` or
+            ``--kind`` where the model looks like it takes token ids).
     """
     import torch
 
-    from optkit.analysis.metrics import eval_mode, example_input
+    from optkit.analysis.metrics import eval_mode
+    from optkit.kinds import example_inputs, kind_of
 
     model = loaded.model
+    kind = kind_of(model)
     try:
+        inputs = example_inputs(model, input_shape)
         with eval_mode(model), torch.no_grad():
-            model(example_input(model, input_shape))
+            inputs.call(model)
+    except OptkitError:
+        raise
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         shape = ",".join(map(str, input_shape))
-        raise OptkitError(f"the model does not run on input shape {shape} ({first}); set --input-shape to what it expects") from e
+        raise OptkitError(f"the model does not run on input shape {shape} (kind {kind.name}: {first}); "
+                          f"{_shape_hint(model, kind.name)}") from e
+
+
+def _shape_hint(model: Any, kind: str) -> str:
+    from torch import nn
+
+    if kind != "tokens" and any(isinstance(m, nn.Embedding) for m in model.modules()):
+        return ("if it takes token ids, give --kind tokens and --seq-len L; otherwise set --input-shape to what it "
+                "expects")
+    return "set --seq-len L" if kind == "tokens" else "set --input-shape to what it expects (or --kind)"
 
 
 def data_normalization(pipeline: Pipeline) -> dict[str, dict[str, str]]:

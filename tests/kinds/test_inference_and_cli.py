@@ -148,6 +148,8 @@ def test_optimize_prunes_a_token_model_given_as_state_dict_and_arch(llama_file, 
     (["--input-shape", "1,3,224,224"], "a token model takes inputs of shape N,L"),
     (["--seq-len", "8", "--input-shape", "1,8"], "give --seq-len or --input-shape, not both"),
     (["--kind", "nosuch"], "unknown model kind 'nosuch'"),
+    (["--kind", "image_classifier"], "input shape 1,3,224,224 (kind image_classifier: "),
+    (["--kind", "image_classifier"], "if it takes token ids, give --kind tokens and --seq-len L"),
 ])
 def test_token_model_mistakes_get_one_line_and_write_nothing(llama_file, tmp_path, flags, message):
     out = tmp_path / "out"
