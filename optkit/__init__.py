@@ -1,7 +1,9 @@
 """optkit: make trained PyTorch models smaller and faster, and report honestly what changed.
 
 The public API is re-exported here lazily, so ``import optkit`` (and the CLI's
-``--help``) stays fast and does not import torch until a name is used.
+``--help``) stays fast and does not import torch until a name is used. Every
+built-in pass class is public (found through the pass registry), with the
+names in ``_NAMES``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
+#: Public names that are not passes, and the module each comes from.
+_NAMES = {
     "OptkitError": "optkit.core.errors",
     "ModelLoadError": "optkit.core.errors",
     "UntrustedPickleError": "optkit.core.errors",
@@ -20,35 +23,54 @@ _EXPORTS = {
     "ExportError": "optkit.core.errors",
     "DataError": "optkit.core.errors",
     "TrainingError": "optkit.core.errors",
+    "FormError": "optkit.core.errors",
     "Pass": "optkit.core.contract",
+    "PassResult": "optkit.core.contract",
+    "register_pass": "optkit.core.registry",
     "get_pass": "optkit.core.registry",
     "list_passes": "optkit.core.registry",
-    "L1Unstructured": "optkit.passes.prune.passes",
-    "StructuredPrune": "optkit.passes.prune.passes",
-    "FineTune": "optkit.passes.finetune.passes",
-    "ToDevice": "optkit.passes.device.passes",
-    "ChannelsLast": "optkit.passes.device.passes",
-    "Autocast": "optkit.passes.precision.passes",
+    "Pipeline": "optkit.core.pipeline",
+    "RunContext": "optkit.core.context",
+    "OnnxModel": "optkit.core.forms",
+    "ModelKind": "optkit.kinds",
+    "ModelInputs": "optkit.kinds",
+    "register_kind": "optkit.kinds",
+    "get_kind": "optkit.kinds",
+    "kind_of": "optkit.kinds",
+    "list_kinds": "optkit.kinds",
+    "set_kind": "optkit.kinds",
     "load_dataset": "optkit.data",
     "dataset_info": "optkit.data",
     "make_loader": "optkit.data",
-    "Pipeline": "optkit.core.pipeline",
     "load_model": "optkit.io.models",
     "save_checkpoint": "optkit.io.checkpoint",
     "export_onnx": "optkit.export.onnx",
 }
+#: Names whose attribute in their module differs from the public name.
+_RENAMED = {"save_checkpoint": "save"}
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+
+def _exports() -> dict[str, str]:
+    """Every public name and its module: :data:`_NAMES` and each built-in pass class (from the registry)."""
+    from optkit.core.registry import builtin_pass_targets
+
+    exports = dict(_NAMES)
+    for target in builtin_pass_targets().values():
+        module, class_name = target.split(":")
+        exports[class_name] = module
+    return exports
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
+    if name == "__all__":
+        return sorted(_exports()) + ["__version__"]
+    exports = _exports()
+    if name not in exports:
         raise AttributeError(f"module 'optkit' has no attribute {name!r}")
-    module = importlib.import_module(_EXPORTS[name])
-    value = getattr(module, "save" if name == "save_checkpoint" else name)
+    value = getattr(importlib.import_module(exports[name]), _RENAMED.get(name, name))
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return sorted(_exports()) + ["__version__"]

@@ -97,6 +97,11 @@ def get_pass(name: str) -> type[Pass]:
     return cls
 
 
+def builtin_pass_targets() -> dict[str, str]:
+    """Each built-in pass name mapped to ``module:Class``, read from the source without importing it."""
+    return dict(_builtin_sources())
+
+
 def describe_passes(pattern: str = "*") -> dict[str, str]:
     """Map each registered pass name to the first line of its class docstring (read without importing it)."""
     sources = _sources()
