@@ -183,3 +183,14 @@ def test_no_ratio_note_when_the_ratio_was_met_or_a_target_was_asked(details, aft
     report = build_report(fake_run(details=details), model="m", input_shape=(1, 1, 28, 28),
                           channels={"before": SHIPPED_AT_03["before"], "after": after})
     assert not [note for note in report["notes"] if "asked (e.g." in note]
+
+
+def test_iterative_steps_are_compared_with_the_ratio_they_compound_to():
+    """#31: `--iterative-steps 3` toward 0.5 ran three prunes of 0.206 and removed far more than half, silently."""
+    step = ModelStats(params=500, macs=4_000, sparsity=0.0)
+    records = [PassRecord("structured_prune", 1.0, step, {"ratio": 1 - 0.5 ** (1 / 3)}) for _ in range(3)]
+    run = PipelineRun(nn.Identity(), ModelStats(params=1000, macs=10_000, sparsity=0.0), step, records)
+    channels = {"before": {"stem.0": 32, "layer2.conv1": 64}, "after": {"stem.0": 16, "layer2.conv1": 16}}
+    report = build_report(run, model="m", input_shape=(1, 1, 28, 28), channels=channels)
+    assert [note[:100] for note in report["notes"] if "asked" in note] == [
+        "structured_prune removed 67% of the channels of the 2 layers it pruned in 3 steps, not the 50% asked"]

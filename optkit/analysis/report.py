@@ -106,24 +106,28 @@ RATIO_DRIFT = 0.05
 
 
 def _ratio_drift(run: PipelineRun, layers: list[dict[str, Any]]) -> list[str]:
-    """A note when a prune at a plain ratio removed a share of channels well away from that ratio.
+    """A note when pruning at a plain ratio removed a share of channels well away from what was asked.
 
-    Per-layer rounding (``round_to``) and rounding at every one of several
-    iterative steps move the share; the pruned layers' channel counts before
-    and after show by how much. Target searches (``details["target"]``) aim at
-    a MACs fraction instead and are left alone.
+    Per-layer rounding (``round_to``) moves the share, and iterative steps
+    (several prune passes at the same ratio ``r``, which compound to
+    ``1 - (1 - r) ** k``) round at every step; the pruned layers' channel
+    counts before and after show by how much. Target searches
+    (``details["target"]``) and per-layer ratios are left alone.
     """
-    asked = [r for r in run.records if isinstance(r.details.get("ratio"), (int, float)) and r.details["ratio"] > 0]
+    steps = [r for r in run.records if isinstance(r.details.get("ratio"), (int, float)) and r.details["ratio"] > 0]
     changed = [row for row in layers if row["before"] and row["after"] is not None and row["after"] != row["before"]]
-    if len(asked) != 1 or "target" in asked[0].details or asked[0].details.get("layer_ratios") or not changed:
+    ratios = {r.details["ratio"] for r in steps}
+    if (not steps or len(ratios) != 1 or len({r.name for r in steps}) != 1 or not changed
+            or any("target" in r.details or r.details.get("layer_ratios") for r in steps)):
         return []
-    ratio = asked[0].details["ratio"]
+    asked = 1 - (1 - ratios.pop()) ** len(steps)
     removed = sum(row["before"] - row["after"] for row in changed) / sum(row["before"] for row in changed)
-    if abs(removed - ratio) <= RATIO_DRIFT:
+    if abs(removed - asked) <= RATIO_DRIFT:
         return []
-    example = max(changed, key=lambda row: abs((row["before"] - row["after"]) / row["before"] - ratio))
-    return [f"{asked[0].name} removed {removed:.0%} of the channels of the {len(changed)} layers it pruned, not "
-            f"the {ratio:.0%} asked (e.g. {example['name']}: {example['before']} -> {example['after']}): each layer "
+    example = max(changed, key=lambda row: abs((row["before"] - row["after"]) / row["before"] - asked))
+    how = f" in {len(steps)} steps" if len(steps) > 1 else ""
+    return [f"{steps[0].name} removed {removed:.0%} of the channels of the {len(changed)} layers it pruned{how}, not "
+            f"the {asked:.0%} asked (e.g. {example['name']}: {example['before']} -> {example['after']}): each layer "
             "keeps a multiple of round_to channels, and iterative steps round at every step; --round-to 1 follows "
             "the ratio more closely, --target-macs aims at a MACs fraction instead"]
 
