@@ -1,0 +1,10 @@
+"""Structured pruning of Hugging Face transformers that the stock classes still load.
+
+:func:`prune_transformer` removes attention heads (whole KV groups with
+grouped-query attention), MLP and expert channels, and whole blocks, to the same
+widths in every block, and updates the config to match.
+"""
+
+from optkit.passes.prune.transformer.engine import prune_transformer
+
+__all__ = ["prune_transformer"]

@@ -1,0 +1,248 @@
+"""Prune a Hugging Face transformer to uniform widths (heads, MLP channels) and depth, in place.
+
+Every change is tried against the stock class: after the weights are cut and the
+config updated, the class is built from the new config on the meta device and
+every parameter's name and shape must match; the fresh model's scalar module
+attributes (head counts, ``layer_idx``, ...) are copied over. A change the
+stock config cannot describe is undone and reported.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from optkit.core.errors import OptkitError
+from optkit.passes.prune.transformer import depth
+from optkit.passes.prune.transformer.importance import Activations, channel_scores, expert_scores, head_scores
+from optkit.passes.prune.transformer.parse import parse_block
+from optkit.passes.prune.transformer.structure import (
+    HEAD_FIELDS, HIDDEN_FIELDS, KV_FIELDS, LAYER_FIELDS, Block, Mlp, config_int, find_block_lists, trace,
+)
+
+WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim", "encoder_ffn_dim", "decoder_ffn_dim",
+                "d_ff", "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
+def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: float = 0.0, drop_blocks: int = 0,
+                      example_inputs: dict[str, Any] | None = None, activations: Activations = None,
+                      round_to: int = 8) -> dict[str, Any]:
+    """Remove attention heads, MLP channels and whole blocks so the stock class still describes the model.
+
+    Args:
+        model: a Hugging Face model (has ``config``, blocks in a ``ModuleList``); changed in place.
+        heads_ratio: share of heads to remove in every block (whole KV groups with
+            grouped-query attention, query heads per group with multi-query attention).
+        mlp_ratio: share of MLP (and per-expert) channels to remove in every block;
+            the kept width is rounded to a multiple of ``round_to`` unless that removes nothing.
+        drop_blocks: number of blocks to remove, those whose output is most similar
+            (cosine) to their input on ``example_inputs``.
+        example_inputs: keyword inputs for ``model(**example_inputs)``; random tokens
+            (or images) sized from the config when omitted.
+        activations: optional per-layer input-channel norms (layer name -> tensor) for
+            activation-aware importance; weight L2 norms when omitted.
+        round_to: multiple the kept MLP width is rounded to.
+
+    Returns:
+        ``{"before": {...}, "after": {...}, "dropped_blocks": [...], "skipped": [...]}``; the
+        summaries hold heads, kv_heads, intermediate widths, layers and params; each skipped
+        entry is one line naming a part left whole and why.
+
+    Raises:
+        OptkitError: a ratio outside [0, 1), a config without head counts, or a model
+            whose blocks cannot be run on the example inputs.
+    """
+    for name, value in (("heads_ratio", heads_ratio), ("mlp_ratio", mlp_ratio)):
+        if not 0.0 <= value < 1.0:
+            raise OptkitError(f"{name} must be in [0, 1), got {value}; pass a share of units to remove such as 0.25")
+    config = model.config
+    hidden, heads = config_int(config, HIDDEN_FIELDS), config_int(config, HEAD_FIELDS)
+    if hidden is None or heads is None:
+        raise OptkitError("the model's config has no int hidden size or head count "
+                          f"(looked for {HIDDEN_FIELDS} and {HEAD_FIELDS}); only such transformers can be pruned")
+    inputs = example_inputs if example_inputs is not None else _default_inputs(model)
+    was_training = model.training
+    model.eval()
+    skipped: list[str] = []
+    before = _summary(model, [])
+    dropped = depth.drop(model, drop_blocks, inputs, _commit) if drop_blocks else []
+    blocks = _find(model, inputs, hidden, heads, skipped)
+    if heads_ratio > 0:
+        _prune_heads(model, blocks, heads_ratio, activations, skipped)
+    if mlp_ratio > 0:
+        _prune_mlps(model, blocks, mlp_ratio, round_to, activations, skipped)
+    with torch.no_grad():
+        model(**inputs)
+    model.train(was_training)
+    return {"before": before, "after": _summary(model, blocks), "dropped_blocks": dropped, "skipped": skipped}
+
+
+def _find(model: nn.Module, inputs: dict, hidden: int, heads: int, skipped: list[str]) -> list[Block]:
+    config = model.config
+    kv = config_int(config, KV_FIELDS) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    blocks = [Block(block, f"{name}.{i}") for name, blocks in find_block_lists(model) for i, block in enumerate(blocks)]
+    if not blocks:
+        raise OptkitError("no ModuleList of repeated blocks found in the model; only block-stacked transformers can be pruned")
+    calls = trace(model, inputs, blocks)
+    for block in blocks:
+        parse_block(block, calls[id(block.module)], hidden, heads, kv, head_dim)
+        skipped += block.skipped
+    return blocks
+
+
+def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activations: Activations,
+                 skipped: list[str]) -> None:
+    attentions = [a for b in blocks for a in b.attentions]
+    if not attentions:
+        return
+    heads, kv = attentions[0].heads, attentions[0].kv_heads
+    groups = heads // kv
+    whole_groups = kv > 1 and round(kv * ratio) >= 1
+    drop = round(kv * ratio) if whole_groups else round(groups * ratio) if kv == 1 or groups > 1 else 0
+    keep = (kv if whole_groups else groups) - drop
+    if drop < 1 or keep < 1:
+        skipped.append(f"heads: a ratio of {ratio} removes no whole {'KV group' if whole_groups else 'head'} "
+                       f"of {kv if whole_groups else groups}; no head pruned")
+        return
+    new_kv, new_heads = (keep, keep * groups) if whole_groups else (kv, kv * keep)
+
+    def cut() -> None:
+        for attention in attentions:
+            group_score, q_score = head_scores(attention, activations)
+            if whole_groups:
+                kept_kv = sorted(group_score.topk(keep).indices.tolist())
+                kept_q = [list(range(groups))] * keep
+            else:
+                kept_kv = list(range(kv))
+                kept_q = [sorted(q_score[i].topk(keep).indices.tolist()) for i in range(kv)]
+            attention.select(kept_kv, kept_q)
+        config = model.config
+        _set_by_value(config, HEAD_FIELDS, heads, new_heads)
+        _set_by_value(config, KV_FIELDS, kv, new_kv)
+        head_dim = attentions[0].head_dim
+        if (getattr(config, "head_dim", None) or config_int(config, HIDDEN_FIELDS) // new_heads) != head_dim:
+            config.head_dim = head_dim
+
+    if not _commit(model, cut, f"heads {heads}->{new_heads} (kv {kv}->{new_kv})", skipped):
+        for attention in attentions:
+            attention.heads, attention.kv_heads = heads, kv
+
+
+def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: int, activations: Activations,
+                skipped: list[str]) -> None:
+    units = [u for b in blocks for u in (*b.mlps, *b.experts)]
+    widths = sorted({u.width for u in units})
+    if not units:
+        return
+    new = {w: _kept_width(w, ratio, round_to) for w in widths}
+
+    def cut() -> None:
+        for unit in units:
+            keep = new[unit.width]
+            if isinstance(unit, Mlp):
+                unit.select(channel_scores(unit, activations).topk(keep).indices.sort().values)
+            else:
+                unit.select(expert_scores(unit).topk(keep, dim=1).indices.sort(dim=1).values)
+        for old, kept in new.items():
+            _set_by_value(model.config, WIDTH_FIELDS, old, kept, fill_none=True)
+
+    _commit(model, cut, "MLP widths " + ", ".join(f"{w}->{k}" for w, k in new.items()), skipped)
+
+
+def _kept_width(width: int, ratio: float, round_to: int) -> int:
+    exact = width * (1 - ratio)
+    rounded = max(round_to, round(exact / round_to) * round_to)
+    if rounded < width:
+        return rounded
+    return max(1, min(width - 1, math.floor(exact)))
+
+
+def _set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_none: bool = False) -> None:
+    present = [n for n in names if hasattr(config, n)]
+    matched = [n for n in present if getattr(config, n) == old]
+    if not matched and fill_none:
+        matched = [n for n in present if getattr(config, n) is None][:1]
+    for name in matched:
+        setattr(config, name, new)
+
+
+def _commit(model: nn.Module, change, what: str, skipped: list[str]) -> bool:
+    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees."""
+    saved_params = {(id(m), n): (m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)}
+    saved_config = copy.deepcopy(model.config.to_dict())
+    saved_lists = {id(m): (m, list(m)) for m in model.modules() if isinstance(m, nn.ModuleList)}
+    change()
+    problem = _matches_stock(model)
+    if problem is None:
+        return True
+    for owner, name, param in saved_params.values():
+        setattr(owner, name, param)
+    for module_list, items in saved_lists.values():
+        module_list._modules.clear()
+        module_list.extend(items)
+    for key, value in saved_config.items():
+        if hasattr(model.config, key):
+            setattr(model.config, key, value)
+    skipped.append(f"{what}: not done, the stock class cannot describe it ({problem})")
+    return False
+
+
+def _matches_stock(model: nn.Module) -> str | None:
+    """None when the class built from ``model.config`` has the same parameters; copies its scalar attributes."""
+    try:
+        with torch.device("meta"):
+            fresh = type(model)(model.config)
+    except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    ours = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+    theirs = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
+    for name in sorted(set(ours) | set(theirs)):
+        if ours.get(name) != theirs.get(name):
+            return f"{name}: pruned {ours.get(name)}, stock {theirs.get(name)}"
+    fresh_modules = dict(fresh.named_modules())
+    for name, module in model.named_modules():
+        other = fresh_modules.get(name)
+        if other is None:
+            continue
+        for key, value in vars(module).items():
+            theirs_value = vars(other).get(key)
+            if (not key.startswith("_") and key != "training" and isinstance(value, int | float | str)
+                    and type(theirs_value) is type(value) and theirs_value != value):
+                setattr(module, key, theirs_value)
+    return None
+
+
+def _default_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
+    import inspect
+
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    vocab = getattr(config, "vocab_size", None)
+    takes = inspect.signature(model.forward).parameters
+    if isinstance(vocab, int) and ("input_ids" in takes or "pixel_values" not in takes):
+        return {"input_ids": torch.randint(0, vocab, (2, 16), generator=generator)}
+    size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", 3)
+    if isinstance(size, int):
+        return {"pixel_values": torch.randn(1, channels, size, size, generator=generator)}
+    raise OptkitError("no example inputs given and the config has neither vocab_size nor image_size; "
+                      "pass example_inputs={...} for model(**example_inputs)")
+
+
+def _summary(model: nn.Module, blocks: list[Block]) -> dict[str, Any]:
+    config = model.config
+    attentions = [a for b in blocks for a in b.attentions]
+    widths = sorted({u.width for b in blocks for u in (*b.mlps, *b.experts)})
+    heads = config_int(config, HEAD_FIELDS)
+    return {
+        "heads": heads,
+        "kv_heads": config_int(config, KV_FIELDS) or heads,
+        "intermediate": widths or [w for n in WIDTH_FIELDS if isinstance(w := getattr(config, n, None), int)],
+        "layers": config_int(config, LAYER_FIELDS),
+        "params": sum(p.numel() for p in model.parameters()),
+        "attention_units": len(attentions),
+    }
