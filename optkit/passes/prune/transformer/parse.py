@@ -70,14 +70,13 @@ def _experts(block: nn.Module, hidden: int) -> list[Experts]:
     found = []
     for name, module in block.named_modules():
         params = {n: p for n, p in module.named_parameters(recurse=False) if p.dim() == 3}
-        downs = [n for n, p in params.items() if p.shape[1] == hidden and p.shape[2] != hidden]
-        if len(downs) != 1:
-            continue
-        e, _, width = params[downs[0]].shape
-        ups = [n for n, p in params.items() if p.shape[0] == e and p.shape[2] == hidden and n != downs[0]]
-        parts = {params[n].shape[1] // width for n in ups if params[n].shape[1] % width == 0}
-        if ups and len(parts) == 1:
-            found.append(Experts(module, name, ups, downs[0], parts.pop()))
+        for down in (n for n, p in params.items() if p.shape[1] == hidden):
+            e, _, width = params[down].shape
+            ups = [n for n, p in params.items() if n != down and p.shape[0] == e and p.shape[2] == hidden]
+            parts = {params[n].shape[1] // width for n in ups if params[n].shape[1] % width == 0}
+            if ups and len(parts) == 1:
+                found.append(Experts(module, name, ups, down, parts.pop()))
+                break
     return found
 
 

@@ -1,0 +1,169 @@
+"""Structural pruning of Hugging Face transformers: kept heads, stock-class reloads, depth, MoE."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from optkit.passes.prune.transformer import prune_transformer  # noqa: E402
+
+AutoConfig, AutoModel, AutoModelForCausalLM = transformers.AutoConfig, transformers.AutoModel, transformers.AutoModelForCausalLM
+TOKENS = dict(vocab_size=100, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+
+
+def build(model_type: str, cls=AutoModelForCausalLM, **sizes):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **TOKENS, **sizes)
+    return cls.from_config(config).eval()
+
+
+def inputs() -> torch.Tensor:
+    return torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def reload_matches(model, cls, tmp_path, key: str = "logits"):
+    """Save, load with the stock class, assert no missing/unexpected keys and equal outputs; return the reload."""
+    model.save_pretrained(tmp_path)
+    loaded, info = cls.from_pretrained(tmp_path, output_loading_info=True)
+    loaded.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(inputs())[key], model(inputs())[key], atol=1e-5, rtol=0)
+    return loaded
+
+
+def generates(model) -> None:
+    out = model.generate(inputs()[:1], max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert out.shape == (1, 12 + 8)
+
+
+def head_rows(weight: torch.Tensor, heads: list[int], dim: int) -> torch.Tensor:
+    return torch.cat([weight[h * dim:(h + 1) * dim] for h in heads])
+
+
+@pytest.mark.parametrize(("heads", "kv", "after"), [(4, 4, (2, 2)), (8, 2, (4, 1)), (4, 1, (2, 1))],
+                         ids=["mha", "gqa-4to1", "mqa"])
+def test_heads_keep_the_highest_norm_heads_and_reload(heads, kv, after, tmp_path):
+    dim = 8
+    model = build("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=heads, num_key_value_heads=kv, head_dim=dim)
+    original = [{n: getattr(layer.self_attn, n).weight.detach().clone() for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+                for layer in model.model.layers]
+
+    report = prune_transformer(model, heads_ratio=0.5, mlp_ratio=0.5)
+
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == after
+    assert model.config.intermediate_size == 64 and report["after"]["intermediate"] == [64]
+    assert report["skipped"] == []
+    groups = heads // kv
+    for layer, w in zip(model.model.layers, original, strict=True):
+        q_sq = lambda h: w["q_proj"][h * dim:(h + 1) * dim].pow(2).sum() + w["o_proj"][:, h * dim:(h + 1) * dim].pow(2).sum()  # noqa: E731
+        kv_sq = lambda g: w["k_proj"][g * dim:(g + 1) * dim].pow(2).sum() + w["v_proj"][g * dim:(g + 1) * dim].pow(2).sum()  # noqa: E731
+        if kv == 1:  # MQA: query heads go, the one KV head stays
+            kept_kv = [0]
+            kept_q = sorted(torch.tensor([q_sq(h) for h in range(heads)]).topk(after[0]).indices.tolist())
+        else:  # MHA and GQA: whole KV groups (with their query heads) go
+            score = torch.tensor([kv_sq(g) + sum(q_sq(g * groups + j) for j in range(groups)) for g in range(kv)])
+            kept_kv = sorted(score.topk(after[1]).indices.tolist())
+            kept_q = [g * groups + j for g in kept_kv for j in range(groups)]
+        attention = layer.self_attn
+        torch.testing.assert_close(attention.q_proj.weight, head_rows(w["q_proj"], kept_q, dim), atol=0, rtol=0)
+        torch.testing.assert_close(attention.k_proj.weight, head_rows(w["k_proj"], kept_kv, dim), atol=0, rtol=0)
+        torch.testing.assert_close(attention.v_proj.weight, head_rows(w["v_proj"], kept_kv, dim), atol=0, rtol=0)
+        torch.testing.assert_close(attention.o_proj.weight, head_rows(w["o_proj"].t(), kept_q, dim).t(), atol=0, rtol=0)
+    generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
+
+
+def test_gpt2_conv1d_mlp_pruned_heads_refused_and_embeddings_stay_tied(tmp_path):
+    model = build("gpt2", n_embd=64, n_layer=2, n_head=4, n_inner=128)
+    report = prune_transformer(model, heads_ratio=0.5, mlp_ratio=0.25)
+
+    # GPT-2's class derives the head width from the hidden size: fewer heads cannot be described.
+    assert model.config.n_head == 4 and len(report["skipped"]) == 1 and "heads 4->2" in report["skipped"][0]
+    assert model.config.n_inner == 96 and model.transformer.h[0].mlp.c_fc.weight.shape == (64, 96)
+    loaded = reload_matches(model, AutoModelForCausalLM, tmp_path)
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
+    generates(loaded)
+
+
+def test_phi3_fused_qkv_and_gate_up(tmp_path):
+    model = build("phi3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=2)
+    gate_up = model.model.layers[0].mlp.gate_up_proj.weight.detach().clone()
+    report = prune_transformer(model, heads_ratio=0.5, mlp_ratio=0.5)
+
+    assert report["skipped"] == []
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads, model.config.intermediate_size) == (4, 1, 64)
+    assert model.model.layers[0].self_attn.qkv_proj.weight.shape == ((4 + 2) * 8, 64)
+    kept = model.model.layers[0].mlp.gate_up_proj.weight
+    # gate and up halves keep the same channels: row i of the gate half pairs with row i of the up half.
+    for i in range(64):
+        match = (gate_up[:128] == kept[i]).all(1).nonzero().flatten()
+        assert len(match) == 1 and torch.equal(gate_up[128 + match[0]], kept[64 + i])
+    generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
+
+
+def test_mixtral_experts_pruned_per_expert_router_intact(tmp_path):
+    model = build("mixtral", hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    router = model.model.layers[0].mlp.gate.weight.detach().clone()
+    report = prune_transformer(model, heads_ratio=0.0, mlp_ratio=0.5)
+
+    assert report["skipped"] == [] and model.config.intermediate_size == 32
+    experts = model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.shape == (4, 64, 64) and experts.down_proj.shape == (4, 64, 32)
+    torch.testing.assert_close(model.model.layers[0].mlp.gate.weight, router, atol=0, rtol=0)
+    generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
+
+
+def block_cosines(model, blocks, ids) -> list[float]:
+    sims = {}
+    hooks = [b.register_forward_hook(
+        lambda m, a, k, out, i=i: sims.__setitem__(i, torch.nn.functional.cosine_similarity(
+            (a[0] if a else k["hidden_states"]), out[0] if isinstance(out, tuple) else out, dim=-1).mean().item()),
+        with_kwargs=True) for i, b in enumerate(blocks)]
+    with torch.no_grad():
+        model(input_ids=ids)
+    for hook in hooks:
+        hook.remove()
+    return [sims[i] for i in range(len(blocks))]
+
+
+def test_depth_on_a_sliding_window_decoder(tmp_path):
+    model = build("gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16)
+    ids = inputs()
+    sims = block_cosines(model, model.model.layers, ids)
+    types = list(model.config.layer_types)
+    report = prune_transformer(model, drop_blocks=1, example_inputs={"input_ids": ids, "use_cache": False})
+
+    dropped = max(range(4), key=sims.__getitem__)
+    assert report["dropped_blocks"] == [dropped]
+    assert model.config.num_hidden_layers == 3
+    assert model.config.layer_types == [t for i, t in enumerate(types) if i != dropped]
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1, 2]
+    generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
+
+
+def test_depth_and_mlp_on_bert(tmp_path):
+    model = build("bert", cls=AutoModel, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4)
+    report = prune_transformer(model, drop_blocks=1, mlp_ratio=0.5)
+
+    assert report["before"]["layers"] == 3 and model.config.num_hidden_layers == 2 and len(model.encoder.layer) == 2
+    assert model.config.intermediate_size == 64 and report["after"]["params"] < report["before"]["params"]
+    reload_matches(model, AutoModel, tmp_path, key="last_hidden_state")
+
+
+def test_ratio_outside_range_is_refused():
+    from optkit.core.errors import OptkitError
+
+    with pytest.raises(OptkitError, match="heads_ratio must be in"):
+        prune_transformer(build("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4), heads_ratio=1.0)
