@@ -1,0 +1,65 @@
+"""What the docs say about the tool is what the tool does (#31): checked against the tool, not the prose."""
+
+from __future__ import annotations
+
+import re
+
+from click.testing import CliRunner
+
+from doclines import ROOT
+from optkit.cli import main
+
+DOCS = ROOT / "docs"
+NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def flat(path) -> str:
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+def test_a_pass_pattern_example_names_the_passes_it_lists():
+    """concepts.md's `optkit passes "*prune*"` lists structured_prune only; its comment must say which."""
+    page = (DOCS / "concepts.md").read_text(encoding="utf-8")
+    match = re.search(r'^optkit passes "(?P<pattern>[^"]+)"\s*#\s*(?P<comment>.+)$', page, re.M)
+    assert match, "concepts.md: the `optkit passes PATTERN` example should say in a comment which passes it lists"
+    result = CliRunner().invoke(main, ["passes", match["pattern"]], catch_exceptions=False)
+    listed = [line.split()[0] for line in result.output.splitlines() if line.strip()]
+    named = re.findall(r"\b[a-z0-9]+(?:_[a-z0-9]+)+\b", match["comment"].split(":")[0])
+    assert named == listed, f"the comment names {named}; `optkit passes {match['pattern']}` lists {listed}"
+
+
+def test_the_sensitivity_search_is_described_with_the_spreads_it_tries():
+    from optkit.passes.prune.sensitivity_target import SPREADS
+
+    text = flat(DOCS / "techniques" / "pruning.md")
+    assert f"tries {NUMBERS[len(SPREADS)]} spreads" in text
+    assert "scored once" in text, "pruning.md should say that spreads giving the same allocation are compared once"
+
+
+def test_the_readme_says_model_pt_is_the_users_own_file():
+    text = flat(ROOT / "README.md")
+    assert "`model.pt` in these examples stands for your own trained model" in text
+    assert "cp optkit/demo/fashion_resnet.pt model.pt" in text
+
+
+def test_getting_started_describes_the_trained_demo():
+    text = flat(DOCS / "getting-started.md")
+    assert "optkit/demo/fashion_resnet.pt" in text and "fine-tunes one epoch" in text
+    assert "`finetune.ckpt`" in text, "the demo also leaves its fine-tune checkpoint in runs/demo"
+
+
+def test_the_documented_rounding_of_a_ratio_matches_the_shipped_model(tmp_path):
+    """pruning.md: `--prune 0.3` on the shipped model keeps 16 of 32 and 32 of 64 channels, MACs about 0.30."""
+    import json
+
+    text = flat(DOCS / "techniques" / "pruning.md")
+    assert "keep 16 and 32 of them at `--prune 0.3`" in text and "MACs fall to 0.30" in text
+    out = tmp_path / "p"
+    result = CliRunner().invoke(main, ["optimize", str(ROOT / "optkit" / "demo" / "fashion_resnet.pt"),
+                                       "--prune", "0.3", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    widths = {row["before"]: row["after"] for row in report["layers"] if row["before"] in (32, 64)}
+    assert widths == {32: 16, 64: 32}
+    assert round(report["ratios"]["macs"], 2) == 0.30
+    assert any("not the 30% asked" in note for note in report["notes"])
