@@ -16,6 +16,7 @@ from optkit.core.errors import OptkitError
 from optkit.export.onnx import export_onnx, weights_sizes
 from optkit.analysis.evaluation import EvalSettings
 from optkit.analysis.model_info import layer_channels
+from optkit.io.hf import PRETRAINED_FILES
 from optkit.io.models import LoadedModel
 from optkit.io.outputs import StagedOutputs, prepare_output_dir
 from optkit.core.context import RunContext
@@ -23,7 +24,7 @@ from optkit.core.forms import TORCH
 from optkit.core.pipeline import Pipeline
 from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
-OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
+OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT, *PRETRAINED_FILES)
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx")
 #: Below this many ms per batch-1 call, ONNX Runtime's own per-call cost is a large part of the time, so
 #: the report also times a batch that takes about :data:`COMPUTE_MS`, where the model's work dominates.
@@ -181,6 +182,9 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
         checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
         files = {"model.pt": staged.path("model.pt").stat().st_size}
+        pretrained, pretrained_note = _write_pretrained(loaded, run.model, staged.staging, pipeline.input_shape)
+        files.update({name: staged.path(name).stat().st_size for name in pretrained
+                      if staged.path(name).is_file()})
         exported = _file_sections(full_run, run.model, weights_before)
         files.update({section["path"]: section["file_size"] for section in exported.values()})
         exported_file = next((Path(r.details["path"]) for r in full_run.records if r.name == "export_onnx"), None)
@@ -201,11 +205,27 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
             report["data"] = context.data
         if loaded.arch is None:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
+        report["notes"].extend(loaded.notes + ([pretrained_note] if pretrained_note else []))
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         plot = CHANNELS_PLOT if plot_channels(report, staged.path(CHANNELS_PLOT)) else None
         staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
     _remember_architecture(loaded, out)
     return report
+
+
+def _write_pretrained(loaded: LoadedModel, model, folder: Path,
+                      input_shape: tuple[int, ...]) -> tuple[list[str], str | None]:
+    """A ``transformers`` model is also written as a ``save_pretrained`` folder (config, safetensors, tokenizer)."""
+    from optkit.io import hf
+    from optkit.kinds import example_inputs
+
+    model = checkpoint.unwrap(model)
+    if not hf.is_pretrained(model):
+        return [], None
+    source = hf.hf_folder(loaded.source) if loaded.arch is not None and loaded.arch.spec.startswith("hf:") else None
+    inputs = example_inputs(model, input_shape)
+    check = inputs.kwargs if inputs.kwargs and not inputs.args else None
+    return hf.save_pretrained_folder(model, folder, source=source, check_inputs=check)
 
 
 def _file_sections(run, model, weights_before: dict[str, int] | None) -> dict[str, dict[str, Any]]:

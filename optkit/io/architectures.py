@@ -46,7 +46,7 @@ class ArchSpec:
         if kind == "hf":
             from optkit.io.hf import build_from_config
 
-            return build_from_config(name)
+            return build_from_config(name, self.kwargs.get("config"))
         return _build_class(kind, name, self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:

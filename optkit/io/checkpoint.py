@@ -62,6 +62,9 @@ def save(model: nn.Module, path: str | os.PathLike, arch: ArchSpec | None, *, ex
     from optkit.kinds.base import KIND_ATTRIBUTE
 
     model = unwrap(model)
+    if arch is not None and arch.spec.startswith("hf:") and getattr(model, "config", None) is not None:
+        # A pruned transformer's widths and depth live in its config: record the config it has now.
+        arch = ArchSpec(arch.spec, {**arch.kwargs, "config": model.config.to_dict()})
     if arch is None:
         payload: Any = model
     else:

@@ -9,8 +9,11 @@ never from a pickle unless the user trusts the folder. Nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +49,9 @@ def hf_folder(spec: str) -> Path | None:
     return folder
 
 
-def build_from_config(folder: str | os.PathLike) -> nn.Module:
-    """The ``transformers`` model the folder's config describes, with fresh (random) weights.
+def build_from_config(folder: str | os.PathLike, config: dict[str, Any] | None = None) -> nn.Module:
+    """The ``transformers`` model the folder's config (or ``config``, a config's ``to_dict()``) describes,
+    with fresh (random) weights.
 
     Raises:
         ModelLoadError: for a missing ``transformers``, an unreadable config, or an
@@ -59,7 +63,12 @@ def build_from_config(folder: str | os.PathLike) -> nn.Module:
         raise ModelLoadError("a Hugging Face folder needs transformers: pip install transformers") from e
     folder = Path(folder)
     try:
-        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+        if config is not None:
+            fields = dict(config)
+            config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+        else:
+            config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True,
+                                                             trust_remote_code=False)
     except Exception as e:
         raise ModelLoadError(f"{folder / CONFIG} is not a config transformers can read ({_first_line(e)})") from e
     names = list(getattr(config, "architectures", None) or [])
@@ -115,3 +124,102 @@ def _read_shards(folder: Path, index: Path, read) -> dict[str, Any]:
 def _first_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0][:200] if lines else type(error).__name__
+
+
+#: Tokenizer files copied from the input folder into a ``save_pretrained`` output, when present.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                   "preprocessor_config.json", "chat_template.jinja")
+#: Files ``save_pretrained`` writes that a run may replace (shards are named per model and listed by the index).
+PRETRAINED_FILES = (CONFIG, SAFETENSORS, SAFETENSORS_INDEX, "generation_config.json", *TOKENIZER_FILES)
+
+
+def is_pretrained(model: Any) -> bool:
+    """Whether ``model`` is a ``transformers`` model (it has a config and ``save_pretrained``)."""
+    return callable(getattr(model, "save_pretrained", None)) and getattr(model, "config", None) is not None
+
+
+def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, source: str | os.PathLike | None = None,
+                           check_inputs: dict[str, Any] | None = None) -> tuple[list[str], str | None]:
+    """Write ``model`` as a ``save_pretrained`` folder and check that its stock class loads it back exactly.
+
+    Args:
+        model: a ``transformers`` model (see :func:`is_pretrained`), possibly pruned.
+        folder: where to write (a staging folder: nothing is published here).
+        source: the folder the model was loaded from; its tokenizer files are copied.
+        check_inputs: keyword inputs whose outputs must be equal after reloading.
+
+    Returns:
+        the files written, and ``None``; or no files and the reason the stock
+        class cannot load the model (e.g. layers of different widths, which its
+        config cannot describe), with everything this call wrote removed.
+    """
+    import shutil
+
+    import torch
+
+    folder = Path(folder)
+    before = set(folder.iterdir())
+    with _quiet_transformers():
+        model.save_pretrained(str(folder), safe_serialization=True)
+    if source is not None:
+        for name in TOKENIZER_FILES:
+            if (Path(source) / name).is_file():
+                shutil.copy2(Path(source) / name, folder / name)
+    written = sorted(p for p in folder.iterdir() if p not in before)
+    reason = _config_mismatch(model, folder)
+    try:
+        if reason is None:
+            with _quiet_transformers():
+                reloaded, info = type(model).from_pretrained(str(folder), local_files_only=True,
+                                                             output_loading_info=True)
+            problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+            if problems:
+                reason = "; ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in problems.items())
+        if reason is None and check_inputs is not None:
+            with torch.no_grad():
+                same = torch.equal(_logits(reloaded.eval()(**check_inputs)), _logits(model.eval()(**check_inputs)))
+            reason = None if same else "its outputs differ from the pruned model's"
+    except Exception as e:
+        reason = _first_line(e)
+    if reason is None:
+        return [p.name for p in written], None
+    for path in written:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return [], (f"{type(model).__name__}.from_pretrained cannot load the pruned model ({reason}): its config does not "
+                "describe the pruned widths (layers of different widths, or layers the config has no field for), "
+                "so no save_pretrained files were written; model.pt holds the model and loads with "
+                "optkit.load_model")
+
+
+def _config_mismatch(model: nn.Module, folder: Path) -> str | None:
+    """How the weights differ from what the stock class builds from the written config, or ``None``."""
+    import torch
+
+    from optkit.io.weights import describe_mismatch
+
+    with torch.device("meta"):  # shapes only: nothing is allocated or initialized
+        fresh = build_from_config(folder)
+    return describe_mismatch(fresh.state_dict(), model.state_dict())
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars and load reports off while optkit saves and checks (optkit reports the outcome)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _logits(output: Any) -> Any:
+    return output.logits if getattr(output, "logits", None) is not None else output[0]

@@ -32,7 +32,7 @@ from torch import nn
 from optkit.core.errors import ModelLoadError
 from optkit.io import confirmed
 from optkit.io.architectures import ArchSpec, arch_spec, torchvision_names
-from optkit.io.weights import read_checkpoint, read_safetensors, short_error
+from optkit.io.weights import describe_mismatch, read_checkpoint, read_safetensors, short_error
 from optkit.kinds.image import input_channels
 
 __all__ = ["BUILDER_PREFIXES", "ArchSpec", "LoadedModel", "arch_spec", "describe_mismatch", "infer_input_shape",
@@ -166,41 +166,6 @@ def _without_tied_copies(model: nn.Module, found: dict[str, torch.Tensor]) -> di
     state = model.state_dict(keep_vars=True)
     present = {id(state[k]) for k in found if k in state}
     return {k: v for k, v in state.items() if k in found or id(v) not in present}
-
-
-#: Key names quoted in a mismatch message, so a wrong --arch gives one line, not thousands of keys.
-MISMATCH_EXAMPLES = 3
-
-
-def describe_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str | None:
-    """One line saying how a ``state_dict`` differs from the one a model expects.
-
-    Args:
-        expected: the model's own ``state_dict()``.
-        found: the ``state_dict`` read from a file.
-
-    Returns:
-        the counts of missing, unexpected and mis-shaped keys with up to
-        :data:`MISMATCH_EXAMPLES` examples, or ``None`` when every key and shape matches.
-    """
-    missing = [k for k in expected if k not in found]
-    unexpected = [k for k in found if k not in expected]
-    misshaped = [k for k in expected if k in found and tuple(found[k].shape) != tuple(expected[k].shape)]
-    if not (missing or unexpected or misshaped):
-        return None
-    examples = ([f"{_clip(k)}: file {_shape(found[k])}, model {_shape(expected[k])}" for k in misshaped]
-                + [f"{_clip(k)} missing" for k in missing]
-                + [f"{_clip(k)} unexpected" for k in unexpected])[:MISMATCH_EXAMPLES]
-    return (f"{len(missing)} missing, {len(unexpected)} unexpected and {len(misshaped)} mis-shaped keys "
-            f"(e.g. {'; '.join(examples)})")
-
-
-def _clip(key: str, limit: int = 60) -> str:
-    return key if len(key) <= limit else "..." + key[-(limit - 3):]
-
-
-def _shape(tensor: torch.Tensor) -> str:
-    return "x".join(map(str, tensor.shape)) or "scalar"
 
 
 def load_model(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,

@@ -1,4 +1,5 @@
-"""Reading weight files safely: ``torch.save`` checkpoints (``weights_only`` unless trusted) and safetensors."""
+"""Reading weight files safely (``torch.save`` checkpoints, ``weights_only`` unless trusted; safetensors), and
+saying in one line how a state_dict differs from the one a model expects."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 
 from optkit.core.errors import ModelLoadError, UntrustedPickleError
 
-__all__ = ["TRUST_HINT", "ZIP_EXPANSION_SLACK", "read_checkpoint", "read_safetensors", "short_error"]
+__all__ = ["TRUST_HINT", "ZIP_EXPANSION_SLACK", "describe_mismatch", "read_checkpoint", "read_safetensors",
+           "short_error"]
 
 #: How much a zip checkpoint's members may expand beyond the file's own size.
 #: ``torch.save`` stores members uncompressed, so a real checkpoint never
@@ -99,3 +101,38 @@ def short_error(error: BaseException) -> str:
     """The first line of an error's message (at most 200 characters), for one-line messages."""
     text = str(error).strip().splitlines()
     return text[0][:200] if text else "no details"
+
+
+#: Key names quoted in a mismatch message, so a wrong --arch gives one line, not thousands of keys.
+MISMATCH_EXAMPLES = 3
+
+
+def describe_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str | None:
+    """One line saying how a ``state_dict`` differs from the one a model expects.
+
+    Args:
+        expected: the model's own ``state_dict()``.
+        found: the ``state_dict`` read from a file.
+
+    Returns:
+        the counts of missing, unexpected and mis-shaped keys with up to
+        :data:`MISMATCH_EXAMPLES` examples, or ``None`` when every key and shape matches.
+    """
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    misshaped = [k for k in expected if k in found and tuple(found[k].shape) != tuple(expected[k].shape)]
+    if not (missing or unexpected or misshaped):
+        return None
+    examples = ([f"{_clip(k)}: file {_shape(found[k])}, model {_shape(expected[k])}" for k in misshaped]
+                + [f"{_clip(k)} missing" for k in missing]
+                + [f"{_clip(k)} unexpected" for k in unexpected])[:MISMATCH_EXAMPLES]
+    return (f"{len(missing)} missing, {len(unexpected)} unexpected and {len(misshaped)} mis-shaped keys "
+            f"(e.g. {'; '.join(examples)})")
+
+
+def _clip(key: str, limit: int = 60) -> str:
+    return key if len(key) <= limit else "..." + key[-(limit - 3):]
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return "x".join(map(str, tensor.shape)) or "scalar"

@@ -92,12 +92,34 @@ def _save_pickle(model, folder):
     torch.save(model.state_dict(), folder / "pytorch_model.bin")
 
 
-def test_optimize_takes_a_folder(folders, tmp_path):
-    root, _, _ = folders
+def test_optimize_writes_a_folder_the_stock_class_loads(folders, tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    root, llama, _ = folders
+    (root / "llama" / "tokenizer_config.json").write_text("{}")
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["optimize", f"hf:{root / 'llama'}", "--prune", "0.3", "--seq-len", "16",
-                                       "--export", "onnx", "--latency", "--out", str(out)])
+    result = CliRunner().invoke(main, ["optimize", f"hf:{root / 'llama'}", "--prune", "0.3", "--drop-blocks", "1",
+                                       "--seq-len", "16", "--export", "onnx", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert (out / "model.onnx").is_file()
-    reloaded = load(out / "model.pt").model
-    assert reloaded.model.layers[0].mlp.up_proj.out_features < 160
+    stock, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(stock) is LlamaForCausalLM and not any(info[k] for k in ("missing_keys", "unexpected_keys"))
+    config = stock.config
+    assert (config.num_attention_heads, config.num_key_value_heads) == (2, 1)  # one of two KV groups, whole
+    assert config.intermediate_size < 160 and config.num_hidden_layers == 1
+    assert stock.lm_head.weight is stock.model.embed_tokens.weight  # still tied
+    assert (out / "tokenizer_config.json").is_file()
+    assert sum(p.numel() for p in stock.parameters()) <= 0.8 * sum(p.numel() for p in llama.parameters())
+    pruned = load(out / "model.pt").model.eval()
+    ids = _ids()
+    with torch.no_grad():
+        expected = pruned(ids).logits
+        assert torch.equal(stock.eval()(ids).logits, expected)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    (actual,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": np.ones_like(ids.numpy())})
+    np.testing.assert_allclose(actual, expected.numpy(), atol=1e-4 * float(expected.abs().max()))
+    generated = stock.generate(ids[:1, :4], max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert generated.shape == (1, 12)
+    report = json.loads((out / "report.json").read_text())
+    assert {"config.json", "model.safetensors"} <= set(report["files"])

@@ -131,6 +131,9 @@ class StructuredPrune(Pass):
                                        "groups that break the pruned model, may take; groups left untested are held.",
                                        low=0)
     fallback_trials: int = setting(40, help="How many trial prunes the fallback search may make.", low=1)
+    drop_blocks: int = setting(0, help="Transformers (a Hugging Face model with repeated blocks): also remove this "
+                               "many whole blocks, those whose output is most like their input.", low=0,
+                               flag="drop-blocks")
     submodule: str | None = setting(None, help="Prune only this sub-module (e.g. backbone), keeping the widths of "
                                     "its outputs; detection and segmentation models default to their backbone.")
     data: str | None = calib_data_setting(help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for taylor "
@@ -192,6 +195,13 @@ class StructuredPrune(Pass):
         from optkit.analysis.metrics import count_macs
         from optkit.kinds import example_inputs
         from optkit.passes.prune import engine as _engine
+        from optkit.passes.prune.transformer import describes_transformer
+
+        if self.submodule is None and describes_transformer(model):
+            return self._prune_transformer(model, ratio)
+        if self.drop_blocks:
+            raise ValueError("drop_blocks removes blocks of a Hugging Face transformer (a model with a config and "
+                             "repeated blocks); this model is not one")
         from optkit.passes.prune import fallback as _fallback
         from optkit.passes.prune import limits as _limits
 
@@ -236,6 +246,41 @@ class StructuredPrune(Pass):
         if self.timeout_s and not _limits.limit_available():
             details["time_limit"] = "not enforced (SIGALRM needs the main thread)"
         return details
+
+    def _prune_transformer(self, model: nn.Module, ratio: float) -> dict[str, Any]:
+        """Whole heads (KV groups kept whole), MLP channels and blocks, uniform across blocks, config updated.
+
+        The stock ``transformers`` class still describes the result, so it is
+        saved with ``save_pretrained`` and reloads with ``from_pretrained``.
+        """
+        from optkit.kinds import example_inputs
+        from optkit.passes.prune.transformer import prune_transformer
+
+        unsupported = [name for name, value in (("ignored_layers", self.ignored_layers),
+                                                ("layer_ratios", self.layer_ratios),
+                                                ("allocation", self.allocation != "uniform"),
+                                                ("importance", self.importance != "l1"),
+                                                ("iterative_steps", self.iterative_steps != 1)) if value]
+        if unsupported:
+            raise ValueError(f"{', '.join(unsupported)} apply to channel pruning with torch-pruning; a transformer's "
+                             "heads, MLP channels and blocks are pruned uniformly by weight norm: leave them at "
+                             "their defaults (or set submodule to prune a part of it channel by channel)")
+        inputs = example_inputs(model, self.input_shape or DEFAULT_INPUT_SHAPE)
+        keywords = dict(inputs.kwargs) or {getattr(model, "main_input_name", "input"): inputs.first()}
+        keywords.pop("use_cache", None)
+        round_to = self.round_to if isinstance(self.round_to, int) else 8
+        result = prune_transformer(model, heads_ratio=ratio, mlp_ratio=ratio, drop_blocks=self.drop_blocks,
+                                   example_inputs=keywords, round_to=round_to)
+        before, after = result["before"], result["after"]
+        notes = [f"structured_prune {line}" for line in result["skipped"]]
+        if before["heads"] and after["heads"] != before["heads"]:
+            removed = 1 - after["heads"] / before["heads"]
+            if abs(removed - ratio) > 0.05:
+                notes.append(f"structured_prune removed {before['heads'] - after['heads']} of {before['heads']} "
+                             f"attention heads ({removed:.2f}, asked {ratio:g}): heads go in whole key/value groups "
+                             f"({before['kv_heads']} here), so the share was rounded")
+        return {"ratio": ratio, "transformer": result, "pruned_layers": after["attention_units"],
+                "skipped_layers": {}, "notes": notes}
 
     def _root_and_inputs(self, model: nn.Module) -> tuple[nn.Module, Any, str | None]:
         import torch

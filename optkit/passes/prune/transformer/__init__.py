@@ -5,6 +5,6 @@ grouped-query attention), MLP and expert channels, and whole blocks, to the same
 widths in every block, and updates the config to match.
 """
 
-from optkit.passes.prune.transformer.engine import prune_transformer
+from optkit.passes.prune.transformer.engine import describes_transformer, prune_transformer
 
-__all__ = ["prune_transformer"]
+__all__ = ["describes_transformer", "prune_transformer"]

@@ -81,6 +81,15 @@ def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: 
     return {"before": before, "after": _summary(model, blocks), "dropped_blocks": dropped, "skipped": skipped}
 
 
+def describes_transformer(model: nn.Module) -> bool:
+    """Whether :func:`prune_transformer` can take ``model``: a config with an int hidden size and head count, and
+    a ``ModuleList`` of repeated blocks."""
+    config = getattr(model, "config", None)
+    if config is None or config_int(config, HIDDEN_FIELDS) is None or config_int(config, HEAD_FIELDS) is None:
+        return False
+    return bool(find_block_lists(model))
+
+
 def _find(model: nn.Module, inputs: dict, hidden: int, heads: int, skipped: list[str]) -> list[Block]:
     config = model.config
     kv = config_int(config, KV_FIELDS) or heads
