@@ -74,6 +74,9 @@ def save(model: nn.Module, path: str | os.PathLike, arch: ArchSpec | None, *, ex
             "optkit_version": __version__,
             "arch": arch.to_dict(),
             "kind": model.__dict__.get(KIND_ATTRIBUTE),
+            # A transformer's head counts and widths also live in its config, which module attributes do not hold.
+            "config": model.config.to_dict() if callable(getattr(getattr(model, "config", None), "to_dict", None))
+            else None,
             "structure": structure_diff(arch.build(), model),
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "extra": extra or {},
@@ -118,6 +121,8 @@ def rebuild(checkpoint: dict[str, Any], *, trust: bool = False,
         allowed = _SAFE_MODULE_PREFIXES + (arch.spec.split(":")[0] + ".",)
         for path, entry in checkpoint["structure"].items():
             _apply_entry(model, path, entry, allowed, trust)
+        if checkpoint.get("config") and callable(getattr(getattr(model, "config", None), "update", None)):
+            model.config.update(checkpoint["config"])
         state_dict = checkpoint["state_dict"]
         _resize_tensors(model, state_dict)
     except (KeyError, TypeError, AttributeError, ValueError) as e:

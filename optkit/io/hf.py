@@ -134,6 +134,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 PRETRAINED_FILES = (CONFIG, SAFETENSORS, SAFETENSORS_INDEX, "generation_config.json", *TOKENIZER_FILES)
 
 
+def stock_class(model: Any) -> type:
+    """The ``transformers`` class a model is (a user's subclass counts as its ``transformers`` base class)."""
+    return next((cls for cls in type(model).__mro__ if cls.__module__.startswith("transformers.")), type(model))
+
+
 def is_pretrained(model: Any) -> bool:
     """Whether ``model`` is a ``transformers`` model (it has a config and ``save_pretrained``)."""
     return callable(getattr(model, "save_pretrained", None)) and getattr(model, "config", None) is not None
@@ -160,8 +165,10 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
 
     folder = Path(folder)
     before = set(folder.iterdir())
+    stock = stock_class(model)
     with _quiet_transformers():
         model.save_pretrained(str(folder), safe_serialization=True)
+    _name_stock_class(folder / CONFIG, stock)
     if source is not None:
         for name in TOKENIZER_FILES:
             if (Path(source) / name).is_file():
@@ -171,7 +178,7 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
     try:
         if reason is None:
             with _quiet_transformers():
-                reloaded, info = type(model).from_pretrained(str(folder), local_files_only=True,
+                reloaded, info = stock.from_pretrained(str(folder), local_files_only=True,
                                                              output_loading_info=True)
             problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
             if problems:
@@ -186,10 +193,18 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
         return [p.name for p in written], None
     for path in written:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return [], (f"{type(model).__name__}.from_pretrained cannot load the pruned model ({reason}): its config does not "
+    return [], (f"{stock.__name__}.from_pretrained cannot load the pruned model ({reason}): its config does not "
                 "describe the pruned widths (layers of different widths, or layers the config has no field for), "
                 "so no save_pretrained files were written; model.pt holds the model and loads with "
                 "optkit.load_model")
+
+
+def _name_stock_class(config_file: Path, stock: type) -> None:
+    # save_pretrained records the model's own class; a subclass of a transformers class is loaded as that class.
+    config = json.loads(config_file.read_text())
+    if config.get("architectures") != [stock.__name__]:
+        config["architectures"] = [stock.__name__]
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _config_mismatch(model: nn.Module, folder: Path) -> str | None:

@@ -13,7 +13,7 @@ from optkit.export.onnx import export_onnx
 from optkit.io.models import load
 from optkit.kinds import kind_of
 from optkit.passes.prune import StructuredPrune
-from tests.support.token_models import VOCAB, TinyBertClassifier, TinyLlama
+from tests.support.token_models import VOCAB, PlainTokenModel, TinyBertClassifier, TinyLlama
 
 
 def _params(model: torch.nn.Module, prefix: str) -> dict[str, tuple[int, ...]]:
@@ -85,14 +85,25 @@ def test_token_models_from_transformers_configs(model_class, tmp_path):
     torch.manual_seed(0)
     model = model_class().eval()
     assert kind_of(model).name == "tokens"
-    attention_before = {n: s for n, s in _params(model, "").items() if "attention" in n or "self_attn" in n}
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
+    head_dim = config.hidden_size // heads
     embeddings_before = {n: s for n, s in _params(model, "").items() if "embed" in n}
     run, session = _pruned_and_exported(model, (1, 16), tmp_path)
     after = _params(run.model, "")
-    assert {n: after[n] for n in attention_before} == attention_before  # whole heads kept
     assert {n: after[n] for n in embeddings_before} == embeddings_before  # hidden size kept
     mlp_widths = [s[0] for n, s in after.items() if n.endswith(("intermediate.dense.weight", "up_proj.weight"))]
     assert mlp_widths and all(width < 160 for width in mlp_widths)
+    # Heads go whole: every query/key projection is a multiple of the unchanged head size, consistent with the
+    # config, and grouped-query attention keeps its query-to-KV ratio.
+    new_heads = run.model.config.num_attention_heads
+    new_kv = getattr(run.model.config, "num_key_value_heads", new_heads)
+    assert new_heads * kv_heads == new_kv * heads
+    for name, shape in after.items():
+        if name.endswith(("q_proj.weight", "self.query.weight")):
+            assert shape[0] == new_heads * head_dim, name
+        if name.endswith(("k_proj.weight", "self.key.weight")):
+            assert shape[0] == new_kv * head_dim, name
     ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     with torch.no_grad():
@@ -101,4 +112,17 @@ def test_token_models_from_transformers_configs(model_class, tmp_path):
     assert names == ["input_ids", "attention_mask"]
     (actual,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
     assert actual.shape == expected.shape  # batch and sequence length both dynamic
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+def test_a_token_model_written_with_torch_nn_alone_is_pruned_in_its_mlp(tmp_path):
+    torch.manual_seed(0)
+    model = PlainTokenModel().eval()
+    run, session = _pruned_and_exported(model, (1, 12), tmp_path)
+    assert run.model.block.linear1.out_features < 96  # the feed-forward width
+    assert run.model.embed.embedding_dim == 32 and run.model.block.self_attn.embed_dim == 32
+    ids = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = run.model(ids).numpy()
+    (actual,) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4 * np.abs(expected).max())

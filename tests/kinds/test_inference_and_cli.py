@@ -139,7 +139,8 @@ def test_optimize_prunes_a_token_model_given_as_state_dict_and_arch(llama_file, 
     reloaded = load(out / "model.pt").model
     widths = {n: tuple(p.shape) for n, p in reloaded.named_parameters()}
     assert widths["model.layers.0.mlp.up_proj.weight"][0] < 160
-    assert widths["model.layers.0.self_attn.q_proj.weight"] == (64, 64)
+    assert widths["model.layers.0.self_attn.q_proj.weight"] == (32, 64)  # 2 of 4 heads: one of 2 KV groups
+    assert reloaded.config.num_attention_heads == 2 and reloaded.config.num_key_value_heads == 1
     assert "input_shape = [1, 32]" in (out / "recipe.toml").read_text()
 
 

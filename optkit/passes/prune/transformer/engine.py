@@ -203,9 +203,11 @@ def _commit(model: nn.Module, change, what: str, skipped: list[str]) -> bool:
 
 def _matches_stock(model: nn.Module) -> str | None:
     """None when the class built from ``model.config`` has the same parameters; copies its scalar attributes."""
+    from optkit.io.hf import stock_class
+
     try:
         with torch.device("meta"):
-            fresh = type(model)(model.config)
+            fresh = stock_class(model)(model.config)
     except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     ours = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
