@@ -33,12 +33,18 @@ COMPUTE_MS = 4.0
 MAX_COMPUTE_BATCH = 256
 
 
-def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
+def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...], *, origin: str | None = None) -> None:
     """Run one forward pass on the kind's example inputs so a wrong input shape or kind fails early, in one line.
+
+    Args:
+        loaded: the model.
+        input_shape: the example input shape.
+        origin: where the shape came from when the user did not give it (``recipe FILE``).
 
     Raises:
         OptkitError: naming the input shape and the option that sets it (``--seq-len`` or
-            ``--kind`` where the model looks like it takes token ids).
+            ``--kind`` where the model looks like it takes token ids; ``--input-shape`` and
+            ``--num-classes`` to override a recipe's shape).
     """
     import torch
 
@@ -56,8 +62,9 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...]) -> None:
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         shape = ",".join(map(str, input_shape))
-        raise OptkitError(f"the model does not run on input shape {shape} (kind {kind.name}: {first}); "
-                          f"{_shape_hint(model, kind.name)}") from e
+        hint = (f"the shape comes from {origin}: override it with --input-shape (and --num-classes for another "
+                "classifier size)" if origin else _shape_hint(model, kind.name))
+        raise OptkitError(f"the model does not run on input shape {shape} (kind {kind.name}: {first}); {hint}") from e
 
 
 def _shape_hint(model: Any, kind: str) -> str:
@@ -140,7 +147,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     # Every file a run may write needs --force to replace: one this run does not
     # write is removed when its results are published (see StagedOutputs).
     out = prepare_output_dir(out_dir, OUTPUT_FILES + EXPORT_FILES, force=force) if main else Path(out_dir)
-    check_runs(loaded, pipeline.input_shape)
+    check_runs(loaded, pipeline.input_shape, origin=pipeline.input_shape_origin)
     check_data(pipeline)
     scorer = Scorer(evaluation, loaded.model, pipeline.input_shape) if evaluation is not None else None
     exports = pipeline.writes_files()

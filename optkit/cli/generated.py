@@ -207,6 +207,30 @@ def entries_from_flags(given: dict[str, Any], classes: dict[str, type], *,
     return sorted(entries, key=lambda e: order.get(e["name"], _stage_of(e["name"])))
 
 
+def recipe_overrides(given: dict[str, Any], classes: dict[str, type],
+                     present: Iterable[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Split the flags given with a recipe: settings of passes the recipe already runs, and the rest.
+
+    A flag that sets (without enabling) a recipe setting of a pass in ``present``,
+    such as ``--max-steps`` for a recipe's ``finetune``, overrides that setting.
+
+    Returns:
+        ``({pass name: {field: value}}, the given values less those flags)``.
+    """
+    present = set(present)
+    overrides: dict[str, dict[str, Any]] = {}
+    remaining = dict(given)
+    for flag in pass_flags(classes.values()).values():
+        value = given.get(flag.param)
+        uses = [use for use in flag.uses if use.pass_name in present and use.field is not None and not use.enables]
+        if value is None or not uses or flag.spec is None or not flag.spec.recipe:
+            continue
+        for use in uses:
+            overrides.setdefault(use.pass_name, {})[use.field] = value
+        remaining[flag.param] = None
+    return overrides, remaining
+
+
 def _selected_variants(given: dict[str, Any], classes: dict[str, type]) -> set[str]:
     chosen = {option: given.get(option.replace("-", "_")) or choices[0][0]
               for option, choices in variants(classes.values()).items()}

@@ -10,6 +10,7 @@ so the recipe reads prune, fine-tune, export, int8.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -79,15 +80,21 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     if is_main_process():
         print_report(report, Console())
         plot = ", channels.png" if report.get("layers") else ""
-        click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot} to {out_dir}")
+        # Fine-tune checkpoints are written as training goes (for --resume), not with the results.
+        checkpoints = "".join(f", {path.name}" for path in sorted(Path(out_dir).glob("finetune*.ckpt")))
+        click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot}{checkpoints} "
+                   f"to {out_dir}")
 
 
 def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...]):
     from optkit.core.pipeline import Pipeline
 
-    entries = pass_entries_from_flags(flags, generic)
     if recipe_path is not None:
-        return _recipe_pipeline(Pipeline.load(recipe_path), entries, input_shape)
+        pipeline = Pipeline.load(recipe_path)
+        overrides, flags = generated.recipe_overrides(flags, _CLASSES, {p.name for p in pipeline.passes})
+        pipeline.passes = [_overridden(p, overrides.get(p.name, {})) for p in pipeline.passes]
+        return _recipe_pipeline(pipeline, pass_entries_from_flags(flags, generic), input_shape)
+    entries = pass_entries_from_flags(flags, generic)
     if not entries:
         raise click.UsageError("nothing to do: give --prune RATIO, --target-macs FRACTION, --finetune SPEC (or another "
                                "pass flag, or --pass NAME) or --recipe FILE")
@@ -97,6 +104,18 @@ def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], gener
     if flags.get("device") is not None:
         data["device"] = flags["device"]
     return Pipeline.from_dict(data, source="command-line flags")
+
+
+def _overridden(step, settings: dict[str, Any]):
+    """A recipe step with the settings its flags override (validated like any setting)."""
+    import dataclasses
+
+    if not settings:
+        return step
+    try:
+        return dataclasses.replace(step, **settings)
+    except ValueError as e:
+        raise click.UsageError(f"{step.name}: {e}") from None
 
 
 def _recipe_pipeline(pipeline, entries: list[dict[str, Any]], input_shape):
@@ -116,6 +135,7 @@ def _recipe_pipeline(pipeline, entries: list[dict[str, Any]], input_shape):
         pipeline.passes += added
     if input_shape is not None:
         pipeline.input_shape, pipeline.input_shape_given = input_shape, True
+        pipeline.input_shape_origin = None
     return pipeline
 
 

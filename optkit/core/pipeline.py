@@ -118,6 +118,8 @@ class Pipeline:
         self.device = check_device(device)
         #: What loading the recipe said, e.g. that an older recipe version was migrated.
         self.notes: list[str] = []
+        #: Where the input shape came from when it is not the caller's (``recipe FILE``), for error messages.
+        self.input_shape_origin: str | None = None
 
     def writes_files(self) -> bool:
         """Whether a step turns the model into a file form (an export step)."""
@@ -235,6 +237,8 @@ class Pipeline:
         except FormError as e:
             raise FormError(f"{source}: {e}") from e
         pipeline.notes = list(parsed["notes"])
+        if parsed["input_shape"] is not None:
+            pipeline.input_shape_origin = f"recipe {source}"
         return pipeline
 
     def __repr__(self) -> str:

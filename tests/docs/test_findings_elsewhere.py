@@ -1,8 +1,5 @@
-"""Findings of #31 whose fix belongs to modules other engineers are changing: each test says what is expected.
-
-Each is marked ``xfail(strict=True)`` with the file and change it needs, so it
-turns into a failure (XPASS) as soon as that change lands and the mark can go.
-"""
+"""Findings of #31 in the command line and the prune report: a recipe's settings overridden by flags, the
+``Wrote`` line, a recipe's input shape named in the error, and the reason a layer with no ratio was skipped."""
 
 from __future__ import annotations
 
@@ -31,8 +28,6 @@ def demo_like(tmp_path_factory):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="needs optkit/cli/optimize.py (or cli/generated.py): a finetune flag given "
-                                       "with --recipe overrides that setting of the recipe's finetune pass")
 def test_max_steps_overrides_the_finetune_pass_of_a_recipe(demo_like, tmp_path):
     result = CliRunner().invoke(main, ["optimize", str(SHIPPED), "--recipe", str(demo_like / "recipe.toml"),
                                        "--max-steps", "1", "--out", str(tmp_path / "again")])
@@ -40,8 +35,6 @@ def test_max_steps_overrides_the_finetune_pass_of_a_recipe(demo_like, tmp_path):
     assert "max_steps = 1" in (tmp_path / "again" / "recipe.toml").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="needs optkit/cli/optimize.py: the `Wrote ...` line lists every file the run "
-                                       "left in --out, the fine-tune checkpoint(s) included")
 def test_the_wrote_line_names_the_finetune_checkpoint(demo_like):
     assert (demo_like / "finetune.ckpt").is_file()
     result = CliRunner().invoke(main, ["optimize", str(SHIPPED), "--prune", "0.5", "--finetune", GRAY, "--epochs",
@@ -50,9 +43,6 @@ def test_the_wrote_line_names_the_finetune_checkpoint(demo_like):
     assert wrote and "finetune.ckpt" in wrote[-1], result.output
 
 
-@pytest.mark.xfail(strict=True, reason="needs optkit/workflow.py check_runs (and optkit/cli/optimize.py): when the "
-                                       "input shape came from --recipe, the error says so and names --input-shape "
-                                       "and --num-classes to override it")
 def test_a_recipe_for_another_model_says_which_shape_it_carries(demo_like, tmp_path):
     result = CliRunner().invoke(main, ["optimize", "torchvision:resnet18", "--recipe", str(demo_like / "recipe.toml"),
                                        "--out", str(tmp_path / "again")])
@@ -61,9 +51,6 @@ def test_a_recipe_for_another_model_says_which_shape_it_carries(demo_like, tmp_p
     assert "recipe" in line and "--input-shape" in line and "--num-classes" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="needs optkit/passes/prune/engine.py (the skipped-layer reason): a layer that "
-                                       "layer_ratios gives no ratio is skipped because it was not asked, not 'after "
-                                       "rounding to round_to'")
 def test_a_layer_the_recipe_gives_no_ratio_is_not_said_to_be_lost_to_rounding():
     from optkit.io import models
     from optkit.passes.prune.passes import StructuredPrune

@@ -332,7 +332,18 @@ def _tied_reason(plan: Plan, module: nn.Module, round_to: int) -> str:
         if target is not module and target in plan.held and graph.is_out_channel_pruning_fn(dep.handler):
             name = graph._module2name.get(target, type(target).__name__)
             return f"its channels are tied (residual, concat or grouping) to {name}, which keeps its width"
+    if _asked_ratio(plan, {dep.target.module for dep, _ in group}) == 0:
+        return "no ratio was asked for it (the ratio is 0 and layer_ratios names none of its layers)"
     return f"no channels left to remove after rounding to multiples of round_to={round_to} (too few, or split across groups)"
+
+
+def _asked_ratio(plan: Plan, members: set) -> float:
+    """The last step's ratio the pruner was asked for a dependency group (its own override, else the default)."""
+    pruner = plan.pruner
+    for key, ratios in pruner.pruning_ratio_dict.items():
+        if (set(key) if isinstance(key, tuple) else {key}) & members:
+            return ratios[-1]
+    return pruner.per_step_pruning_ratio[-1]
 
 
 def _keep_outputs(out: Any, kept: list) -> Any:
