@@ -168,6 +168,12 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     "optkit optimize model.pt --target-macs 0.5 --export onnx --int8 --calib-data fashion-mnist --out runs/int8": (
         "tests/cli/test_export_int8.py::test_optimize_export_onnx_int8_runs_and_writes_one_recipe_of_prune_export_int8",
         "tests/docs/test_readme_commands.py::test_readme_line_runs_as_written"),
+    "optkit optimize torchvision:fasterrcnn_mobilenet_v3_large_320_fpn --num-classes 5 --prune 0.3 --export onnx "
+    "--out runs/det": ("tests/kinds/test_builtin_kinds.py::test_detection_by_name_detects_the_same_boxes_after_export",),
+    "optkit optimize hf:models/tiny-llama --prune 0.3 --drop-blocks 1 --seq-len 128 --export onnx --out runs/llm": (
+        "tests/io/test_hf_folder.py::test_optimize_writes_a_folder_the_stock_class_loads",),
+    "optkit optimize lm.pt --arch my_package.models:MyLM --seq-len 128 --prune 0.3 --out runs/lm": (
+        "tests/kinds/test_inference_and_cli.py::test_optimize_prunes_a_token_model_given_as_state_dict_and_arch",),
     "torchrun --nproc_per_node=4 -m optkit optimize model.pt --prune 0.5 --finetune imagefolder:/data/imgs --out "
     "runs/ddp": (
         "tests/passes/finetune/test_distributed.py::test_two_cpu_processes_end_with_identical_weights",
