@@ -1,0 +1,82 @@
+"""Issue #29's acceptance on its development set, through the CLI: every type's tiny ``save_pretrained`` folder
+(``benchmarks/_hf_configs.py``) goes through ``optkit optimize DIR --prune 0.3 --export onnx``; the stock class
+loads OUT with no missing or unexpected keys and gives the pruned model's logits, parameters are at most 0.8×
+with heads and MLP width both reduced, ``OUT/model.onnx`` matches in ONNX Runtime, and decoders generate.
+
+Slow (about half a minute a type); ``benchmarks/hf_zoo.py`` measures the same path and records the figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+from click.testing import CliRunner  # noqa: E402
+
+from benchmarks._hf_configs import (  # noqa: E402
+    AUTO_CLASS, DECODERS, DEV_SET, IMAGE_SIZE, VOCAB, build, is_image, shape_of)
+from optkit.cli import main  # noqa: E402
+from optkit.io.models import load_model  # noqa: E402
+
+SEQ_LEN = 16
+# Where optkit falls short today (benchmarks/results/hf-zoo.md), each with the place that needs the change.
+LOADS_CONVERTED_KEYS = ("optkit/io/models.py _load_hf_folder compares the file's keys with the model's state_dict "
+                        "without transformers 5's checkpoint key conversion, so the folder is refused")
+EXACT_EQUALITY = ("optkit/io/hf.py save_pretrained_folder compares the reload's outputs with torch.equal; they differ "
+                  "by ~3e-9 from the in-memory pruned model, so no save_pretrained folder is written")
+HEADS_REFUSED = ("the stock class derives the head width from hidden/heads, so prune_transformer leaves the heads "
+                 "and parameters stay above 0.8x")
+KNOWN = {"gpt2": HEADS_REFUSED, "opt": HEADS_REFUSED, "gpt_neox": LOADS_CONVERTED_KEYS,
+         "mixtral": LOADS_CONVERTED_KEYS, "vit": LOADS_CONVERTED_KEYS, "swin": LOADS_CONVERTED_KEYS,
+         "bert": EXACT_EQUALITY, "roberta": EXACT_EQUALITY, "distilbert": EXACT_EQUALITY}
+TYPES = [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN[t])) if t in KNOWN else t for t in DEV_SET]
+
+
+def _inputs(model_type: str) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    if is_image(model_type):
+        return {"pixel_values": torch.randn(2, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)}
+    ids = torch.randint(3, VOCAB, (2, SEQ_LEN), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", TYPES)
+def test_optimize_prunes_the_type_and_the_stock_class_reloads_it(model_type, tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+
+    original = build(model_type)
+    original.save_pretrained(tmp_path / "in")
+    out = tmp_path / "out"
+    shape = ["--input-shape", f"1,3,{IMAGE_SIZE},{IMAGE_SIZE}"] if is_image(model_type) else ["--seq-len", str(SEQ_LEN)]
+    result = CliRunner().invoke(main, ["optimize", str(tmp_path / "in"), "--prune", "0.3", "--export", "onnx",
+                                       "--no-latency", *shape, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+
+    stock, info = getattr(transformers, AUTO_CLASS[model_type]).from_pretrained(out, output_loading_info=True)
+    assert type(stock) is type(original)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    pruned = load_model(out / "model.pt").eval()
+    inputs = _inputs(model_type)
+    with torch.no_grad():
+        expected = pruned(**inputs).logits
+        torch.testing.assert_close(stock.eval()(**inputs).logits, expected, atol=1e-5, rtol=0)
+
+    params = sum(p.numel() for p in stock.parameters()) / sum(p.numel() for p in original.parameters())
+    assert params <= 0.8
+    before, after = shape_of(original.config), shape_of(stock.config)
+    assert after["heads"] != before["heads"] and after["intermediate"] != before["intermediate"], (before, after)
+
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    (actual, *_) = session.run(None, {i.name: inputs[i.name].numpy() for i in session.get_inputs()})
+    np.testing.assert_allclose(actual, expected.numpy(), atol=1e-4 * float(expected.abs().max()), rtol=0)
+    if model_type in DECODERS:
+        prompt = inputs["input_ids"][:1, :4]
+        assert stock.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False).shape == (1, 12)
