@@ -146,26 +146,8 @@ def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None,
 def _load_hf_folder(folder: Path, *, trust: bool) -> LoadedModel:
     from optkit.io import hf
 
-    architecture = ArchSpec(f"{hf.HF_PREFIX}{folder}")
-    model = architecture.build()
-    state_dict = hf.read_weights(folder, trust=trust)
-    if state_dict is None:
-        note = (f"{folder} has a config but no weights (model.safetensors): the model has random weights, so "
-                "accuracy figures mean nothing")
-        return LoadedModel(model.eval(), architecture, str(folder), notes=[note])
-    expected = _without_tied_copies(model, state_dict)
-    mismatch = describe_mismatch(expected, state_dict)
-    if mismatch:
-        raise ModelLoadError(f"the weights in {folder} do not fit its config.json: {mismatch}")
-    model.load_state_dict(state_dict, strict=False)
-    return LoadedModel(model.eval(), architecture, str(folder))
-
-
-def _without_tied_copies(model: nn.Module, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's state_dict less the keys whose tensor is shared with a key the file has (tied embeddings)."""
-    state = model.state_dict(keep_vars=True)
-    present = {id(state[k]) for k in found if k in state}
-    return {k: v for k, v in state.items() if k in found or id(v) not in present}
+    model, notes = hf.load_folder(folder, trust=trust)
+    return LoadedModel(model, ArchSpec(f"{hf.HF_PREFIX}{folder}"), str(folder), notes=notes)
 
 
 def load_model(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,

@@ -26,15 +26,16 @@ from optkit.io.models import load_model  # noqa: E402
 
 SEQ_LEN = 16
 # Where optkit falls short today (benchmarks/results/hf-zoo.md), each with the place that needs the change.
-LOADS_CONVERTED_KEYS = ("optkit/io/models.py _load_hf_folder compares the file's keys with the model's state_dict "
-                        "without transformers 5's checkpoint key conversion, so the folder is refused")
-EXACT_EQUALITY = ("optkit/io/hf.py save_pretrained_folder compares the reload's outputs with torch.equal; they differ "
-                  "by ~3e-9 from the in-memory pruned model, so no save_pretrained folder is written")
 HEADS_REFUSED = ("the stock class derives the head width from hidden/heads, so prune_transformer leaves the heads "
-                 "and parameters stay above 0.8x")
-KNOWN = {"gpt2": HEADS_REFUSED, "opt": HEADS_REFUSED, "gpt_neox": LOADS_CONVERTED_KEYS,
-         "mixtral": LOADS_CONVERTED_KEYS, "vit": LOADS_CONVERTED_KEYS, "swin": LOADS_CONVERTED_KEYS,
-         "bert": EXACT_EQUALITY, "roberta": EXACT_EQUALITY, "distilbert": EXACT_EQUALITY}
+                 "(fewer heads need a narrower hidden size, which optkit does not prune yet) and parameters stay "
+                 "above 0.8x")
+MOE_EXPORT = ("ONNX export of the mixture-of-experts routing fails (torchscript: aten::histc has no ONNX "
+              "symbolic at opset 18; dynamo fails too): optkit/export needs an export view that routes without histc")
+PER_STAGE_HEADS = ("swin's num_heads is a per-stage list, so the transformer engine does not take it and channel "
+                   "pruning narrows every stage; its config cannot describe that, so no save_pretrained folder is "
+                   "written (report.md says so)")
+KNOWN = {"gpt2": HEADS_REFUSED, "opt": HEADS_REFUSED, "gpt_neox": HEADS_REFUSED, "bert": HEADS_REFUSED,
+         "roberta": HEADS_REFUSED, "distilbert": HEADS_REFUSED, "mixtral": MOE_EXPORT, "swin": PER_STAGE_HEADS}
 TYPES = [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN[t])) if t in KNOWN else t for t in DEV_SET]
 
 
@@ -75,7 +76,10 @@ def test_optimize_prunes_the_type_and_the_stock_class_reloads_it(model_type, tmp
     assert after["heads"] != before["heads"] and after["intermediate"] != before["intermediate"], (before, after)
 
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    (actual, *_) = session.run(None, {i.name: inputs[i.name].numpy() for i in session.get_inputs()})
+    names = [i.name for i in session.get_inputs()]
+    feed = ({names[0]: next(iter(inputs.values())).numpy()} if len(names) == 1 and len(inputs) == 1
+            else {name: inputs[name].numpy() for name in names})  # an image model's one input is named "input"
+    (actual, *_) = session.run(None, feed)
     np.testing.assert_allclose(actual, expected.numpy(), atol=1e-4 * float(expected.abs().max()), rtol=0)
     if model_type in DECODERS:
         prompt = inputs["input_ids"][:1, :4]
