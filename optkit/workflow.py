@@ -24,8 +24,10 @@ from optkit.core.forms import TORCH
 from optkit.core.pipeline import Pipeline
 from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
-OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT, *PRETRAINED_FILES)
+OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx")
+#: Every file a run may write (a transformer is also written as a save_pretrained folder).
+RUN_FILES = OUTPUT_FILES + EXPORT_FILES + PRETRAINED_FILES
 #: Below this many ms per batch-1 call, ONNX Runtime's own per-call cost is a large part of the time, so
 #: the report also times a batch that takes about :data:`COMPUTE_MS`, where the model's work dominates.
 OVERHEAD_BOUND_MS = 1.0
@@ -146,7 +148,7 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     main = rank == 0
     # Every file a run may write needs --force to replace: one this run does not
     # write is removed when its results are published (see StagedOutputs).
-    out = prepare_output_dir(out_dir, OUTPUT_FILES + EXPORT_FILES, force=force) if main else Path(out_dir)
+    out = prepare_output_dir(out_dir, RUN_FILES, force=force) if main else Path(out_dir)
     check_runs(loaded, pipeline.input_shape, origin=pipeline.input_shape_origin)
     check_data(pipeline)
     scorer = Scorer(evaluation, loaded.model, pipeline.input_shape) if evaluation is not None else None
@@ -176,11 +178,11 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
     with contextlib.ExitStack() as stack:
         # Files the passes write (model.onnx) are staged from the start; without them the staging
         # folder appears only once the passes are done.
-        early = (stack.enter_context(StagedOutputs(out, superseded=OUTPUT_FILES + EXPORT_FILES))
+        early = (stack.enter_context(StagedOutputs(out, superseded=RUN_FILES))
                  if pipeline.writes_files() else None)
         context.files_dir = early.staging if early is not None else None
         full_run = pipeline.run(loaded.model, context=context, on_pass=on_pass, after_pass=after_pass)
-        staged = early or stack.enter_context(StagedOutputs(out, superseded=OUTPUT_FILES + EXPORT_FILES))
+        staged = early or stack.enter_context(StagedOutputs(out, superseded=RUN_FILES))
         run = full_run.torch_part()
         channels["after"] = layer_channels(checkpoint.unwrap(run.model))
         if timings is not None:

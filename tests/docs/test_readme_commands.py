@@ -86,6 +86,7 @@ def readme_id(line) -> str:
     return f"{line.where}:{line.words[1] if len(line.words) > 1 else ''}:{RUN_HERE.index(line)}"
 
 
+@pytest.mark.slow  # 6-10 minutes on 2 cores: over the default run's budget; the lines' behaviours have fast tests
 @pytest.mark.parametrize("line", RUN_HERE, ids=readme_id)
 def test_readme_line_runs_in_its_cheap_form(line, folder, monkeypatch):
     monkeypatch.chdir(folder)
