@@ -10,6 +10,7 @@ line runs in tests/docs/test_readme_commands.py) or is listed in
 from __future__ import annotations
 
 import ast
+import os
 import shlex
 import subprocess
 
@@ -66,7 +67,10 @@ def test_a_page_that_quotes_the_demo_command_quotes_the_makefiles():
 
 def test_make_test_runs_the_test_command():
     """`make test` (README, getting-started.md) runs pytest as configured: what .ci/run and these tests run."""
-    dry = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # Under `make test` itself (CI), the inherited MAKEFLAGS/MAKELEVEL would add "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env=env)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.strip().splitlines()[-1] == ".venv/bin/python -m pytest"
 
