@@ -140,3 +140,72 @@ def _matched_difference(reference, labels, other, other_labels) -> float:
         raise ValueError(f"{unmatched} of {max(len(reference), len(other))} detections have no counterpart "
                          f"(at most {allowed} may differ at suppression and cut-off boundaries)")
     return worst
+
+
+#: IoU thresholds of the COCO-style average (0.50, 0.55, ..., 0.95).
+COCO_IOU_THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
+
+
+def mean_average_precision(detections: list[dict[str, torch.Tensor]], targets: list[dict[str, torch.Tensor]],
+                           ) -> dict[str, float]:
+    """Detection quality of per-image detections against ground-truth boxes.
+
+    Per class and IoU threshold, detections of all images are taken from the
+    highest score down; each is a true positive when it overlaps a not yet
+    matched ground-truth box of its class by at least the threshold. The
+    average precision is the area under the precision-recall curve with
+    precision made non-increasing (all-point interpolation); the mean is over
+    the classes that have ground-truth boxes.
+
+    Args:
+        detections: per image, ``{"boxes": M×4 (x1, y1, x2, y2), "scores": M, "labels": M}``.
+        targets: per image, ``{"boxes": G×4, "labels": G}``.
+
+    Returns:
+        ``{"map50", "map"}``: the mean AP at IoU 0.5, and averaged over IoU 0.50:0.95.
+
+    Raises:
+        ValueError: for lists of different lengths, or targets without any box.
+    """
+    if len(detections) != len(targets):
+        raise ValueError(f"{len(detections)} images of detections for {len(targets)} images of targets")
+    classes = sorted({int(label) for target in targets for label in target["labels"]})
+    if not classes:
+        raise ValueError("the targets hold no box: there is nothing to score")
+    per_threshold = [sum(_average_precision(detections, targets, label, threshold) for label in classes)
+                     / len(classes) for threshold in COCO_IOU_THRESHOLDS]
+    return {"map50": per_threshold[0], "map": sum(per_threshold) / len(per_threshold)}
+
+
+def _average_precision(detections, targets, label: int, threshold: float) -> float:
+    import torch
+    from torchvision.ops import box_iou
+
+    found = []
+    truths = 0
+    for image, (detected, target) in enumerate(zip(detections, targets)):
+        truths += int((target["labels"] == label).sum())
+        keep = detected["labels"] == label
+        found += [(float(score), image, box) for score, box in zip(detected["scores"][keep], detected["boxes"][keep])]
+    if not found:
+        return 0.0
+    found.sort(key=lambda item: -item[0])
+    used = [torch.zeros(int((t["labels"] == label).sum()), dtype=torch.bool) for t in targets]
+    hits = []
+    for _, image, box in found:
+        truth = targets[image]["boxes"][targets[image]["labels"] == label]
+        if len(truth) == 0:
+            hits.append(False)
+            continue
+        overlaps = box_iou(box[None].float(), truth.float())[0].masked_fill(used[image], -1.0)
+        best = int(overlaps.argmax())
+        hit = float(overlaps[best]) >= threshold
+        if hit:
+            used[image][best] = True
+        hits.append(hit)
+    true_positives = torch.tensor(hits, dtype=torch.float64).cumsum(0)
+    precision = true_positives / torch.arange(1, len(hits) + 1, dtype=torch.float64)
+    recall = true_positives / truths
+    envelope = precision.flip(0).cummax(0).values.flip(0)
+    steps = torch.diff(torch.cat([torch.zeros(1, dtype=torch.float64), recall]))
+    return float((steps * envelope).sum())

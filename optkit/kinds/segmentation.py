@@ -8,6 +8,7 @@ from optkit.kinds.base import ModelInputs, ModelKind
 from optkit.kinds.image import DEFAULT_IMAGE_SIZE, input_channels, random_images
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 #: The sub-module holding the feature extractor; its outputs feed the heads, so they keep their width.
@@ -43,3 +44,48 @@ class Segmentation(ModelKind):
 
     def prune_root(self, model: nn.Module) -> str | None:
         return BACKBONE
+
+
+#: Mask value of pixels that are not scored (the void label of VOC-style masks).
+IGNORE_INDEX = 255
+
+
+def mean_iou(predicted: torch.Tensor, target: torch.Tensor, num_classes: int, *,
+             ignore_index: int = IGNORE_INDEX) -> dict[str, float]:
+    """Mean intersection-over-union and pixel accuracy of predicted class maps against target masks.
+
+    IoU of a class is ``TP / (TP + FP + FN)`` over every scored pixel of the
+    batch; the mean is over the classes that occur in the prediction or the
+    target (a class absent from both says nothing about the model).
+
+    Args:
+        predicted: ``N×H×W`` class indices (the arg-max of the model's scores).
+        target: ``N×H×W`` class indices; pixels equal to ``ignore_index`` are not scored.
+        num_classes: classes the masks use (``0 .. num_classes - 1``).
+        ignore_index: the mask value of unscored pixels.
+
+    Returns:
+        ``{"miou", "pixel_accuracy"}``, each between 0 and 1.
+
+    Raises:
+        ValueError: for shapes that differ, no scored pixel, or a label outside the class range.
+    """
+    import torch
+
+    if predicted.shape != target.shape:
+        raise ValueError(f"predicted and target masks differ in shape: {tuple(predicted.shape)} and "
+                         f"{tuple(target.shape)}")
+    scored = target != ignore_index
+    truth, guess = target[scored].long(), predicted[scored].long()
+    if truth.numel() == 0:
+        raise ValueError("no pixel of the masks is scored: every one is the ignored label")
+    if int(truth.min()) < 0 or int(truth.max()) >= num_classes or int(guess.min()) < 0 \
+            or int(guess.max()) >= num_classes:
+        raise ValueError(f"a mask holds a label outside 0..{num_classes - 1} (other than {ignore_index})")
+    confusion = torch.bincount(truth * num_classes + guess, minlength=num_classes ** 2).reshape(num_classes,
+                                                                                                num_classes)
+    hits = confusion.diag().double()
+    union = confusion.sum(0).double() + confusion.sum(1).double() - hits
+    present = union > 0
+    return {"miou": float((hits[present] / union[present]).mean()),
+            "pixel_accuracy": float(hits.sum() / confusion.sum())}
