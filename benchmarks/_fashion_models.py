@@ -37,7 +37,7 @@ class PlainVGG(nn.Module):
         hidden: width of the hidden classifier layer.
     """
 
-    def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (32, 48, 96),
+    def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (16, 32, 64),
                  depths: tuple[int, ...] = (1, 1, 2), hidden: int = 128):
         super().__init__()
         layers, cin = [], 1
@@ -84,7 +84,7 @@ class BottleneckResNet(nn.Module):
         expansion: output channels over middle channels.
     """
 
-    def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (16, 32, 64),
+    def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (8, 16, 32),
                  blocks: tuple[int, ...] = (2, 2, 2), expansion: int = 4):
         super().__init__()
         self.stem = _conv_bn_relu(1, 32)
@@ -130,8 +130,8 @@ class MobileNetLike(nn.Module):
     """
 
     def __init__(self, num_classes: int = 10,
-                 stages: tuple[tuple[int, int, int], ...] = ((24, 2, 2), (48, 3, 2), (96, 2, 2)),
-                 stem: int = 16, expand: int = 4, head: int = 256):
+                 stages: tuple[tuple[int, int, int], ...] = ((16, 1, 2), (24, 2, 2), (48, 2, 2)),
+                 stem: int = 8, expand: int = 4, head: int = 128):
         super().__init__()
         self.stem = _conv_bn_relu(1, stem, activation=nn.ReLU6)
         blocks, cin = [], stem

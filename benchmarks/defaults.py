@@ -6,7 +6,7 @@ MobileNetV2-style net), then runs ``optkit optimize`` on each as a user
 does, with the documented flags ``--target-macs 0.5 --finetune fashion-mnist
 --epochs 2`` and alternatives one factor at a time: distillation, sensitivity
 allocation, BatchNorm recalibration, bias correction, iterative steps,
-channel rounding, the learning rate (and a second seed, to show the noise).
+the learning rate (and a second seed, to show the noise).
 The settings that gain on average are then run together. Every result's
 ``model.pt`` is reloaded with ``optkit.load_model`` and scored here on the
 full 10k test split, independently of optkit's own report.
@@ -61,7 +61,7 @@ TARGET_MACS = 0.5
 #: The documented way, apart from how the prune is asked (see :func:`optimize_args`).
 FINETUNE_FLAGS = ("--finetune", DATA, "--epochs", "2")
 #: structured_prune settings that have their own flag; the others need the ``--pass`` form.
-PRUNE_FLAGS = {"allocation": "--allocation", "iterative_steps": "--iterative-steps", "round_to": "--round-to"}
+PRUNE_FLAGS = {"allocation": "--allocation", "iterative_steps": "--iterative-steps"}
 
 MODELS = {
     "vgg": "benchmarks._fashion_models:PlainVGG",
@@ -95,17 +95,16 @@ DEFAULT = Variant("default", "default", "the documented flags")
 #: The default of each factor, as the rows call it.
 FACTOR_DEFAULTS = {"distillation": "off", "allocation": "uniform", "learning rate": "1e-3",
                    "BN recalibration": "off", "bias correction": "on", "iterative steps": "1",
-                   "channel rounding": "16", "seed": "0"}
+                   "seed": "0"}
 VARIANTS = (
     DEFAULT,
     Variant("distill", "distillation", "on", flags=("--distill",)),
     Variant("sensitivity", "allocation", "sensitivity", prune={"allocation": "sensitivity"}, data=True),
-    Variant("lr 3e-3", "learning rate", "3e-3", flags=("--lr", "3e-3")),
-    Variant("lr 3e-4", "learning rate", "3e-4", flags=("--lr", "3e-4")),
     Variant("recalibrate-bn 20", "BN recalibration", "20 batches", flags=("--recalibrate-bn", "20"), data=True),
+    Variant("lr 3e-3", "learning rate", "3e-3", flags=("--lr", "3e-3")),
     Variant("no bias correction", "bias correction", "off", prune={"bias_correction": False}),
     Variant("iterative-steps 3", "iterative steps", "3", prune={"iterative_steps": 3}),
-    Variant("round-to 8", "channel rounding", "8", prune={"round_to": 8}),
+    Variant("lr 3e-4", "learning rate", "3e-4", flags=("--lr", "3e-4")),
     Variant("seed 1", "seed", "1", flags=("--seed", "1")),
 )
 #: Factors never chosen for the combination: the seed only measures the noise.
@@ -200,7 +199,7 @@ def run_variant(key: str, weights: Path, base: dict, variant: Variant, test_set,
         return json.loads(record_file.read_text())
     # A private cache, so the sensitivity analysis is timed cold in every run that asks for it.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "OPTKIT_CACHE_DIR": tempfile.mkdtemp(prefix="optkit-defaults-cache-")}
+           "OPTKIT_CACHE_DIR": tempfile.mkdtemp(prefix="optkit-defaults-cache-"), "OMP_NUM_THREADS": str(args.threads)}
     start = time.perf_counter()
     with open(CACHE / key / f"{slug}.log", "w") as log:
         done = subprocess.run([sys.executable, "-m", "optkit", *argv], cwd=ROOT, env=env, stdout=log,
@@ -271,8 +270,8 @@ def to_markdown(report: dict) -> str:
     lines = [
         "# Defaults by measurement: `optkit optimize --target-macs 0.5 --finetune fashion-mnist --epochs 2`", "",
         f"Reproduce: `{report['command']}`", "",
-        f"Each model below was trained here on Fashion-MNIST ({s['train_epochs']} epochs of AdamW, lr "
-        f"{s['train_lr']}, cosine; the weights of the best epoch on the validation split) and saved as a "
+        "Each model below was trained here on Fashion-MNIST (AdamW, cosine schedule; the weights of the best "
+        "epoch on the validation split) and saved as a "
         "state_dict. Every row runs `optkit optimize` as a user does (the row's command, in a subprocess); "
         "the `model.pt` it writes is reloaded with `optkit.load_model` and scored by this script on the full "
         f"{s['test_samples']:,}-image test split, apart from optkit's report. Loss is the original's test "
@@ -287,7 +286,8 @@ def to_markdown(report: dict) -> str:
     for key, base in report["models"].items():
         lines += ["", f"## {key} (`{base['arch']}`)", "",
                   f"{base['params']:,} params, {base['macs']:,} MACs, test accuracy **{base['test_accuracy']:.2%}** "
-                  f"(trained {base['training']['epochs']} epochs in {base['training']['seconds']:.0f} s).", "",
+                  f"(trained {base['training']['epochs']} epochs at lr {base['training']['lr']} in "
+                  f"{base['training']['seconds']:.0f} s, best validation epoch {base['training']['best_epoch']}).", "",
                   "| variant | factor: setting | MACs ratio | params | test accuracy | loss (pt) | Δ vs default (pt) "
                   "| wall s | prune s | fine-tune s |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -356,19 +356,22 @@ def main() -> None:
                         help=f"models to measure, comma-separated (of {', '.join(MODELS)})")
     parser.add_argument("--variants", type=lambda v: v.split(","), default=[v.name for v in VARIANTS],
                         help="variants to run, comma-separated (the default is always run)")
-    parser.add_argument("--train-epochs", type=int, default=5, help="epochs of training for each model")
+    parser.add_argument("--train-epochs", type=int, default=3, help="epochs of training for each model")
     parser.add_argument("--train-lr", type=float, default=3e-3, help="peak learning rate of that training")
     parser.add_argument("--min-gain", type=float, default=0.05,
                         help="mean gain in points a setting needs to join the combination")
     parser.add_argument("--max-time-ratio", type=float, default=3.0,
                         help="most wall time, over the default's, a setting may take to join the combination")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads here and in each optimize run (on an oversubscribed machine, more "
+                             "threads than free cores spend their time waiting for each other)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the models' training")
     parser.add_argument("--retrain", action="store_true", help="train the models even if they are cached")
     parser.add_argument("--reuse-runs", action="store_true",
                         help="reuse optimize runs recorded under runs/defaults-bench/ with the same command")
     parser.add_argument("--no-combined", action="store_true", help="skip the run of the chosen settings together")
     args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     unknown = set(args.variants) - {v.name for v in VARIANTS} | set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown model or variant: {', '.join(sorted(unknown))}")
@@ -380,14 +383,17 @@ def main() -> None:
         "settings": {"target_macs": TARGET_MACS, "documented_flags": ["--target-macs", str(TARGET_MACS),
                                                                       *FINETUNE_FLAGS],
                      "train_epochs": args.train_epochs, "train_lr": args.train_lr, "seed": args.seed,
-                     "test_samples": len(test_set), "min_gain": args.min_gain,
+                     "test_samples": len(test_set), "min_gain": args.min_gain, "threads": args.threads,
                      "max_time_ratio": args.max_time_ratio},
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                     "processor": platform.processor() or platform.machine()},
         "models": {}, "runs": [],
         "notes": [
-            "Wall times were taken on a shared 2-core machine loaded by other work at the same time; they are "
-            "rough, and differences under about 20% are not telling.",
+            "Wall times were taken on a shared 2-core machine loaded by other work at the same time (load average "
+            "6-11); they are rough, and differences under about 20% are not telling. Every optimize run had one "
+            "torch thread (OMP_NUM_THREADS=1, the script's --threads): under that load two threads spent most of "
+            "their CPU time waiting for each other (a 30-step training try took 0.9 CPU s a step with two threads, "
+            "0.1 with one).",
             "One run per row (seed 0). The `seed 1` row repeats the default with another seed to show how much "
             "a single run moves by chance.",
             "Factors are varied one at a time from the documented flags; the combination is chosen from those "
