@@ -14,6 +14,7 @@ from typing import Any
 from optkit.io import checkpoint, confirmed
 from optkit.core.errors import OptkitError
 from optkit.export.onnx import export_onnx, weights_sizes
+from optkit.export.openvino import missing_note as missing_openvino_note
 from optkit.analysis.evaluation import EvalSettings
 from optkit.analysis.model_info import layer_channels
 from optkit.io.hf import PRETRAINED_FILES
@@ -22,10 +23,11 @@ from optkit.io.outputs import StagedOutputs, prepare_output_dir
 from optkit.core.context import RunContext
 from optkit.core.forms import TORCH
 from optkit.core.pipeline import Pipeline
+from optkit.passes.deploy.passes import OPENVINO_FILES
 from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
-EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx")
+EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx", *OPENVINO_FILES)
 #: Every file a run may write (a transformer is also written as a save_pretrained folder).
 RUN_FILES = OUTPUT_FILES + EXPORT_FILES + PRETRAINED_FILES
 #: Below this many ms per batch-1 call, ONNX Runtime's own per-call cost is a large part of the time, so
@@ -195,7 +197,8 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
         files.update({name: staged.path(name).stat().st_size for name in pretrained
                       if staged.path(name).is_file()})
         exported = _file_sections(full_run, run.model, weights_before)
-        files.update({section["path"]: section["file_size"] for section in exported.values()})
+        for section in exported.values():
+            files.update(section.get("files") or {section["path"]: section["file_size"]})
         exported_file = next((Path(r.details["path"]) for r in full_run.records if r.name == "export_onnx"), None)
         onnx_timing = (onnx_latency(original_onnx, exported_file, pipeline.input_shape,
                                     run.after.macs / run.before.macs if run.before.macs else None)
@@ -207,6 +210,8 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
         for key, section in exported.items():
             report[key] = section
             report["notes"].extend(section["notes"])
+        if exported and (note := missing_openvino_note()) and note not in report["notes"]:
+            report["notes"].append(note)
         if scorer is not None:
             report["evaluation"] = scorer.section()
             report["accuracy"] = scorer.accuracy()
@@ -266,7 +271,9 @@ class Scorer:
         from optkit.analysis import evaluation
 
         if record.form != TORCH:
-            self.score_onnx(Path(model.path).name, Path(model.path))
+            # A step that writes files beside the ONNX model (openvino) returns the file already scored.
+            if not any(stage["stage"] == f"{Path(model.path).name} (ONNX Runtime)" for stage in self.stages):
+                self.score_onnx(Path(model.path).name, Path(model.path))
             return
         logits = evaluation.torch_logits(model, self.eval_set, self.settings.batch_size)
         self.stages.append({"stage": f"after {record.name}", **evaluation.score(logits, self.eval_set, self.reference)})

@@ -1,9 +1,12 @@
-"""Latency measurement: PyTorch eager and ONNX Runtime, with the noise reported.
+"""Latency measurement: PyTorch eager, ONNX Runtime and OpenVINO, with the noise reported.
 
 Each measurement runs a few untimed warm-up calls, then times ``repeats``
 calls one by one (:func:`optkit.analysis.metrics.time_callable`) and reports the
 median, the 90th percentile and their ratio (``spread``): a spread well above
-1 means the machine was noisy and small differences mean nothing.
+1 means the machine was noisy and small differences mean nothing. A file is
+timed in the runtime it is deployed with: an ONNX file in ONNX Runtime (or in
+OpenVINO when asked), an OpenVINO IR (``.xml``) in OpenVINO at the precision it
+records (:mod:`optkit.export.openvino`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from optkit.core.errors import OptkitError
 if TYPE_CHECKING:
     from torch import nn
 
-ENGINES = ("torch", "onnxruntime")
+ENGINES = ("torch", "onnxruntime", "openvino")
 
 
 def cpu_model() -> str:
@@ -39,7 +42,7 @@ class Latency:
     """One latency measurement.
 
     Attributes:
-        engine: ``torch`` (eager) or ``onnxruntime``.
+        engine: ``torch`` (eager), ``onnxruntime`` or ``openvino``.
         device: where it ran (``cpu``, ``cuda``).
         batch_size: inputs per call.
         input_shape: the full input shape of one call.
@@ -48,6 +51,7 @@ class Latency:
         spread: ``p90_ms / median_ms`` (1.0 means no noise).
         repeats: timed calls; warmup: untimed calls before them.
         throughput: inputs per second at the median latency.
+        precision: what the file computes in, when known (``fp32``, ``bf16``, ``int8``).
     """
 
     engine: str
@@ -63,6 +67,7 @@ class Latency:
     repeats: int
     warmup: int
     throughput: float
+    precision: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -71,11 +76,34 @@ class Latency:
 
 
 def _latency(engine: str, device: str, shape: tuple[int, ...], threads: int | None, timing: dict[str, float],
-             warmup: int) -> Latency:
+             warmup: int, precision: str | None = None) -> Latency:
     median = timing["median_ms"]
     return Latency(engine, device, shape[0], shape, threads, median, timing["p90_ms"], timing["min_ms"],
                    timing["max_ms"], timing["spread"], int(timing["repeats"]), warmup,
-                   shape[0] * 1000.0 / median if median else 0.0)
+                   shape[0] * 1000.0 / median if median else 0.0, precision)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A file as it is deployed: the runtime that runs it and the precision it computes in.
+
+    Attributes:
+        path: an ONNX file, or an OpenVINO IR ``.xml``.
+        runtime: ``onnxruntime`` or ``openvino`` (which also reads ONNX files).
+        precision: OpenVINO's precision (``fp32``, ``bf16``, ``int8``; ``None``: the one the file records, else
+            ``fp32``); for ONNX Runtime, a label for the report (the file fixes what it computes in).
+    """
+
+    path: str | os.PathLike
+    runtime: str = "onnxruntime"
+    precision: str | None = None
+
+
+def as_deployment(target: str | os.PathLike | Deployment) -> Deployment:
+    """``target`` as a :class:`Deployment`: a ``.xml`` file runs in OpenVINO, any other file in ONNX Runtime."""
+    if isinstance(target, Deployment):
+        return target
+    return Deployment(target, "openvino" if is_openvino(target) else "onnxruntime")
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
@@ -207,13 +235,16 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
 
 
 def bench_exported(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Sequence[int] | None = None,
-                   threads: int | None = None, device: str = "cpu", warmup: int = 5,
-                   repeats: int = 30) -> list[Latency]:
-    """Time a PyTorch model in ONNX Runtime: export it to a temporary file, then :func:`bench_onnx`.
+                   threads: int | None = None, device: str = "cpu", warmup: int = 5, repeats: int = 30,
+                   engine: str = "onnxruntime", precision: str | None = None) -> list[Latency]:
+    """Time a PyTorch model in ONNX Runtime or OpenVINO: export it to a temporary ONNX file, then time that file.
 
     The export is :func:`optkit.export.onnx.export_onnx` with a dynamic batch, so
-    the file is verified against PyTorch before it is timed. Arguments are
-    those of :func:`bench_torch`.
+    the file is verified against PyTorch before it is timed. The other arguments
+    are those of :func:`bench_torch`, and ``precision`` that of :func:`bench_openvino`.
+
+    Args:
+        engine: ``onnxruntime`` (:func:`bench_onnx`) or ``openvino`` (:func:`bench_openvino`, CPU only).
 
     Raises:
         OptkitError: if optkit's exporter is not installed, or export or timing fails.
@@ -229,13 +260,69 @@ def bench_exported(model: nn.Module, input_shape: Sequence[int], *, batch_sizes:
     with tempfile.TemporaryDirectory(prefix="optkit-bench-") as folder:
         path = os.path.join(folder, "model.onnx")
         export_onnx(model, path, shape, dynamic_batch=True)
+        if engine == "openvino":
+            return bench_openvino(path, shape, batch_sizes=batch_sizes, threads=threads, precision=precision,
+                                  warmup=warmup, repeats=repeats)
         return bench_onnx(path, shape, batch_sizes=batch_sizes, threads=threads, device=device,
                           warmup=warmup, repeats=repeats)
+
+
+def bench_openvino(path: str | os.PathLike, input_shape: Sequence[int] | None = None, *,
+                   batch_sizes: Sequence[int] | None = None, threads: int | None = None,
+                   precision: str | None = None, warmup: int = 5, repeats: int = 30) -> list[Latency]:
+    """Time an OpenVINO IR (``.xml``) or an ONNX file in OpenVINO on the CPU.
+
+    Each batch size is compiled for that fixed input shape (see :func:`optkit.export.openvino.compile_model`).
+
+    Args:
+        path: the ``.xml`` (its ``.bin`` beside it) or ``.onnx`` file.
+        input_shape: one input's shape; by default the file's declared shape, which must be static apart from
+            the batch (a dynamic batch runs at 1 unless ``batch_sizes`` says otherwise).
+        batch_sizes: batch sizes to time; a file with a fixed batch runs only at that batch.
+        threads: inference threads (``None``: OpenVINO's default, every core).
+        precision: ``fp32``, ``bf16`` or ``int8`` (``None``: the one the file records, else ``fp32``).
+        warmup: untimed calls before timing each batch size.
+        repeats: timed calls per batch size.
+
+    Returns:
+        one :class:`Latency` per batch size.
+
+    Raises:
+        OptkitError: if OpenVINO is missing, the file cannot be read or compiled, its shape is unknown, or it
+            fails to run.
+    """
+    from optkit.analysis.metrics import time_callable
+    from optkit.export import openvino as ov
+
+    _check_counts(warmup, repeats)
+    model = ov.read(path)
+    precision = precision or ov.recorded_precision(model) or "fp32"
+    declared = [d.get_length() if d.is_static else "?" for d in model.inputs[0].get_partial_shape()]
+    shape = tuple(input_shape) if input_shape is not None else _static_shape(path, declared, batch_sizes)
+    results = []
+    for run_shape in _shapes(shape, batch_sizes):
+        if len(declared) == len(run_shape) and isinstance(declared[0], int) and declared[0] != run_shape[0]:
+            raise OptkitError(f"{path} was exported with a fixed batch of {declared[0]}; "
+                              f"it cannot run batch {run_shape[0]} (export with a dynamic batch)")
+        compiled = ov.compile_model(model, precision=precision, threads=threads, input_shape=run_shape)
+        request, feed = compiled.create_infer_request(), openvino_feed(compiled, run_shape)
+        try:
+            timing = time_callable(lambda: request.infer(feed), warmup=warmup, repeats=repeats)
+        except Exception as e:
+            raise OptkitError(f"{path} does not run in OpenVINO on input shape {','.join(map(str, run_shape))} "
+                              f"({e})") from e
+        results.append(_latency("openvino", "cpu", run_shape, threads, timing, warmup, precision))
+    return results
 
 
 def is_onnx(spec: str | os.PathLike) -> bool:
     """Whether a model spec names an ONNX file (by its ``.onnx`` suffix)."""
     return os.fspath(spec).lower().endswith(".onnx")
+
+
+def is_openvino(spec: str | os.PathLike) -> bool:
+    """Whether a model spec names an OpenVINO IR (by its ``.xml`` suffix)."""
+    return os.fspath(spec).lower().endswith(".xml")
 
 
 def onnx_feed(session: Any, shape: Sequence[int], *, seed: int = 0) -> dict[str, Any]:
@@ -256,6 +343,24 @@ def onnx_feed(session: Any, shape: Sequence[int], *, seed: int = 0) -> dict[str,
             feed[node.name] = np.ones(size, dtype=np.int32 if "int32" in node.type else np.int64)
         else:
             feed[node.name] = rng.standard_normal(size, dtype=np.float32)
+    return feed
+
+
+def openvino_feed(compiled: Any, shape: Sequence[int], *, seed: int = 0) -> dict[int, Any]:
+    """Inputs for every input of an OpenVINO compiled model, by index, as :func:`onnx_feed` makes them: the same
+    values for the same file, whichever runtime runs it."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in shape)
+    feed = {}
+    for index, node in enumerate(compiled.inputs):
+        size = shape[1:] if node.get_partial_shape().rank.get_length() == len(shape) - 1 else shape
+        dtype = node.get_element_type()
+        if dtype.is_real():
+            feed[index] = rng.standard_normal(size, dtype=np.float32)
+        else:
+            feed[index] = np.ones(size, dtype=np.int32 if dtype.get_type_name() == "i32" else np.int64)
     return feed
 
 
@@ -281,21 +386,27 @@ def _shapes(input_shape: Sequence[int], batch_sizes: Sequence[int] | None) -> li
 def compare(a: list[Latency], b: list[Latency]) -> list[dict[str, Any]]:
     """Pair two benchmark runs by (engine, batch size) and give the ratio of their medians.
 
+    Runs in different engines (an ONNX file in ONNX Runtime against its OpenVINO IR) pair by batch size
+    when each run used one engine.
+
     Returns:
-        one entry per pair: ``engine``, ``batch_size``, ``a_median_ms``,
-        ``b_median_ms`` and ``speedup`` (``a / b``: above 1 means B is faster),
-        plus ``noisy`` when the difference is within either run's spread.
+        one entry per pair: ``engine`` (``A / B`` when they differ), ``batch_size``, ``a_median_ms``,
+        ``b_median_ms`` and ``speedup`` (``a / b``: above 1 means B is faster), plus ``noisy`` when the
+        difference is within either run's spread.
     """
-    by_key = {(r.engine, r.batch_size): r for r in b}
+    engines_a, engines_b = {r.engine for r in a}, {r.engine for r in b}
+    across = engines_a != engines_b and len(engines_a) == len(engines_b) == 1
+    by_key = {(None if across else r.engine, r.batch_size): r for r in b}
     pairs = []
     for ra in a:
-        rb = by_key.get((ra.engine, ra.batch_size))
+        rb = by_key.get((None if across else ra.engine, ra.batch_size))
         if rb is None:
             continue
         speedup = ra.median_ms / rb.median_ms if rb.median_ms else float("inf")
         # Within the larger p90/median spread, the difference could be noise.
         noisy = max(speedup, 1 / speedup if speedup else float("inf")) < max(ra.spread, rb.spread)
-        pairs.append({"engine": ra.engine, "batch_size": ra.batch_size, "a_median_ms": ra.median_ms,
+        engine = f"{ra.engine} / {rb.engine}" if across else ra.engine
+        pairs.append({"engine": engine, "batch_size": ra.batch_size, "a_median_ms": ra.median_ms,
                       "b_median_ms": rb.median_ms, "speedup": speedup, "noisy": noisy})
     return pairs
 
@@ -327,19 +438,22 @@ def onnx_session(path: str | os.PathLike, threads: int, *, spinning: bool = Fals
         raise OptkitError(f"{path}: ONNX Runtime cannot load it ({e})") from e
 
 
-def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequence[int], *, threads: int = 1,
-                        warmup: int = 2, repeats: int = 20, block: int = 2, seed: int = 0) -> list[Latency]:
-    """Time several ONNX files on the same random inputs (see :func:`onnx_feed`), in alternating blocks.
+def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_shape: Sequence[int], *,
+                        threads: int = 1, warmup: int = 2, repeats: int = 20, block: int = 2,
+                        seed: int = 0) -> list[Latency]:
+    """Time several files on the same random inputs (see :func:`onnx_feed`), in alternating blocks.
 
-    Each file is timed the way it is served: one session, spinning thread
-    pool (ONNX Runtime's default), calls back to back. Only one session
-    exists at a time: a block of ``block`` timed calls runs on a fresh
-    session after ``warmup`` untimed calls, then the session is closed and
-    the next file's block runs, round after round. Two live sessions would
-    slow each other down (idle spinning threads, up to 2x at 2 threads on 2
-    cores), and turning spinning off to avoid that charges every operator a
-    thread wake-up, which penalizes small (pruned) models unfairly. The
-    alternation spreads a change in machine load over all files alike.
+    Each file is timed the way it is served, in its runtime (an ONNX file in
+    ONNX Runtime, a ``.xml`` in OpenVINO, or as a :class:`Deployment` says):
+    one session (an OpenVINO compiled model, for one stream at the input's
+    fixed shape), ONNX Runtime's spinning thread pool, calls back to back.
+    Only one session exists at a time: a block of ``block`` timed calls runs
+    on a fresh session after ``warmup`` untimed calls, then the session is
+    closed and the next file's block runs, round after round. Two live
+    sessions would slow each other down (idle spinning threads, up to 2x at 2
+    threads on 2 cores), and turning spinning off to avoid that charges every
+    operator a thread wake-up, which penalizes small (pruned) models unfairly.
+    The alternation spreads a change in machine load over all files alike.
 
     Blocks are short because a session's speed is partly luck: calls within
     one session agree closely, but fresh sessions of the same file differ by
@@ -350,7 +464,7 @@ def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequenc
     by 0.25) and 0.015 with blocks of 2.
 
     Args:
-        paths: the files (all must accept ``input_shape``).
+        paths: the files, or :class:`Deployment` s (all must accept ``input_shape``).
         input_shape: the input shape of one call, batch first.
         threads: intra-op threads of every session.
         warmup: untimed calls on each fresh session.
@@ -359,7 +473,7 @@ def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequenc
         seed: seed of the random input.
 
     Returns:
-        one :class:`optkit.analysis.latency.Latency` per file, in order.
+        one :class:`optkit.analysis.latency.Latency` per file, in order, with the runtime as its ``engine``.
 
     Raises:
         ValueError: for ``repeats < 1``, ``block < 1`` or ``warmup < 0``.
@@ -374,22 +488,48 @@ def interleaved_latency(paths: Sequence[str | os.PathLike], input_shape: Sequenc
                          f"block={block}")
     shape = tuple(int(v) for v in input_shape)
     block = min(block, repeats)
-    samples: list[list[float]] = [[] for _ in paths]
+    targets = [as_deployment(path) for path in paths]
+    openers = [_opener(target, shape, threads) for target in targets]
+    samples: list[list[float]] = [[] for _ in targets]
     try:
         for _ in range(-(-repeats // block)):
-            for path, out in zip(paths, samples):
-                session = onnx_session(path, threads, spinning=True)
-                inputs = onnx_feed(session, shape, seed=seed)
+            for open_session, out in zip(openers, samples):
+                call = open_session(seed)
                 for _ in range(warmup):
-                    session.run(None, inputs)
+                    call()
                 for _ in range(block):
                     start = time.perf_counter()
-                    session.run(None, inputs)
+                    call()
                     out.append((time.perf_counter() - start) * 1000.0)
-                del session
+                del call
                 gc.collect()
     except OptkitError:
         raise
     except Exception as e:
-        raise OptkitError(f"ONNX Runtime failed to run on input shape {','.join(map(str, shape))} ({e})") from e
-    return [_latency("onnxruntime", "cpu", shape, threads, summarize_ms(s), warmup) for s in samples]
+        raise OptkitError(f"a runtime failed to run on input shape {','.join(map(str, shape))} ({e})") from e
+    return [_latency(target.runtime, "cpu", shape, threads, summarize_ms(s), warmup, target.precision)
+            for target, s in zip(targets, samples)]
+
+
+def _opener(target: Deployment, shape: tuple[int, ...], threads: int):
+    """A function that opens a fresh session of ``target`` and returns one call of it on reproducible inputs."""
+    if target.runtime == "openvino":
+        from optkit.export import openvino as ov
+
+        model = ov.read(target.path)
+        precision = target.precision or ov.recorded_precision(model) or "fp32"
+        ov.fix_shape(model, shape)
+
+        def open_openvino(seed: int):
+            compiled = ov.compile_model(model, precision=precision, threads=threads)
+            request, feed = compiled.create_infer_request(), openvino_feed(compiled, shape, seed=seed)
+            return lambda: request.infer(feed)
+
+        return open_openvino
+
+    def open_onnxruntime(seed: int):
+        session = onnx_session(target.path, threads, spinning=True)
+        feed = onnx_feed(session, shape, seed=seed)
+        return lambda: session.run(None, feed)
+
+    return open_onnxruntime

@@ -201,6 +201,10 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             b, a = larger["before"]["median_ms"], larger["after"]["median_ms"]
             rows.append((f"ONNX Runtime ms ({timing['threads']} thr, batch {larger['batch_size']})", f"{b:.2f}",
                          f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
+    for row in (row for section in report.values() if isinstance(section, dict)
+                for row in section.get("latency_rows", ())):
+        b, a = row["before_ms"], row["after_ms"]
+        rows.append((row["label"], f"{b:.2f}", f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
     for key, label in (("median_ms", "PyTorch ms, median"), ("p90_ms", "PyTorch ms, p90")):
         latency = report.get("latency") or {}
         if key in latency.get("before", {}) and key in latency.get("after", {}):

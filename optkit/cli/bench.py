@@ -1,14 +1,17 @@
-"""``optkit bench``: latency of a model (PyTorch eager) or an ONNX file (ONNX Runtime), or two compared."""
+"""``optkit bench``: latency of a model (PyTorch eager), an ONNX file (ONNX Runtime) or an OpenVINO IR, or two
+compared."""
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import click
 
 from optkit.analysis.latency import ENGINES
 from optkit.cli._options import model_options
+from optkit.export.openvino import PRECISIONS
 
 
 @click.command("bench")
@@ -17,8 +20,12 @@ from optkit.cli._options import model_options
 @click.option("--batch-size", "batch_sizes", type=click.IntRange(min=1), multiple=True,
               help="Batch size to time; repeat for several (e.g. --batch-size 1 --batch-size 8).")
 @click.option("--engine", "engines", type=click.Choice(ENGINES), multiple=True,
-              help="torch (eager) or onnxruntime; repeat for both. Default: torch for a model, "
-                   "onnxruntime for a .onnx file (a model is exported and verified first).")
+              help="torch (eager), onnxruntime or openvino (CPU); repeat for several. Default: torch for a model, "
+                   "onnxruntime for a .onnx file, openvino for a .xml file (a model is exported and verified "
+                   "first).")
+@click.option("--precision", type=click.Choice(PRECISIONS),
+              help="OpenVINO: the precision to compute in (default: the one the .xml records, else fp32; bf16 "
+                   "needs a CPU with bf16 instructions).")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads (default: the engine's own choice).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed calls before timing.")
@@ -28,10 +35,11 @@ from optkit.cli._options import model_options
 def bench_command(model: str | None, compare: tuple[str, str] | None, as_json: bool, **options: Any) -> None:
     """Time inference of MODEL: median, p90 and spread (p90 / median) over repeats.
 
-    MODEL is a model spec (timed in PyTorch eager) or a .onnx file (timed in
-    ONNX Runtime). With --compare A B, both are timed the same way, on inputs
-    of the same shape, and the ratio of their medians is printed (above 1: B
-    is faster).
+    MODEL is a model spec (timed in PyTorch eager), a .onnx file (timed in
+    ONNX Runtime) or an OpenVINO IR .xml (timed in OpenVINO at the precision it
+    records). With --compare A B, both are timed the same way, on inputs of the
+    same shape, and the ratio of their medians is printed (above 1: B is
+    faster); two files in different runtimes compare by batch size.
 
     Example: optkit bench --compare optkit/demo/fashion_resnet.pt runs/demo/model.pt
     """
@@ -61,9 +69,16 @@ def _prepare(spec: str, options: dict[str, Any]) -> tuple[Any, tuple[int, ...] |
     """The loaded model (``None`` for an ONNX file) and the input shape it will be timed at (``None``: the file's)."""
     from optkit.analysis import latency as bench
 
-    if bench.is_onnx(spec):
-        if set(options["engines"]) - {"onnxruntime"}:
-            raise click.UsageError(f"{spec} is an ONNX file: it runs only with --engine onnxruntime")
+    engines = set(_engines(spec, options))
+    if options["precision"] is not None and "openvino" not in engines:
+        raise click.UsageError("--precision sets OpenVINO's precision: add --engine openvino or bench a .xml file")
+    if "openvino" in engines and options["device"] != "cpu":
+        raise click.UsageError("optkit runs OpenVINO on the CPU: use --device cpu with --engine openvino")
+    if bench.is_openvino(spec) and engines - {"openvino"}:
+        raise click.UsageError(f"{spec} is an OpenVINO IR: it runs only with --engine openvino")
+    if bench.is_onnx(spec) or bench.is_openvino(spec):
+        if engines - {"onnxruntime", "openvino"}:
+            raise click.UsageError(f"{spec} is an ONNX file: it runs only with --engine onnxruntime or --engine openvino")
         return None, options["input_shape"]
     from optkit.io import models
 
@@ -90,17 +105,31 @@ def _call_shape(results: list) -> tuple[int, ...] | None:
     return tuple(results[0].input_shape) if results else None
 
 
+def _engines(spec: str, options: dict[str, Any]) -> tuple[str, ...]:
+    """The engines asked, else the one a spec runs in by default (its runtime for a file, eager PyTorch for a model)."""
+    from optkit.analysis import latency as bench
+
+    if options["engines"]:
+        return tuple(dict.fromkeys(options["engines"]))
+    return ("openvino",) if bench.is_openvino(spec) else ("onnxruntime",) if bench.is_onnx(spec) else ("torch",)
+
+
 def _time(spec: str, loaded: Any, shape: tuple[int, ...] | None, options: dict[str, Any]):
     from optkit.analysis import latency as bench
 
-    timing = {k: options[k] for k in ("threads", "device", "warmup", "repeats")}
+    timing = {k: options[k] for k in ("threads", "warmup", "repeats")}
     batch_sizes = list(options["batch_sizes"]) or None
-    if loaded is None:
-        return bench.bench_onnx(spec, shape, batch_sizes=batch_sizes, **timing)
     results = []
-    for engine in dict.fromkeys(options["engines"] or ("torch",)):
-        run = bench.bench_torch if engine == "torch" else bench.bench_exported
-        results += run(loaded.model, shape, batch_sizes=batch_sizes, **timing)
+    for engine in _engines(spec, options):
+        if engine == "openvino":
+            run = bench.bench_openvino if loaded is None else partial(bench.bench_exported, engine="openvino")
+            results += run(spec if loaded is None else loaded.model, shape, batch_sizes=batch_sizes,
+                           precision=options["precision"], **timing)
+        elif loaded is None:
+            results += bench.bench_onnx(spec, shape, batch_sizes=batch_sizes, device=options["device"], **timing)
+        else:
+            run = bench.bench_torch if engine == "torch" else bench.bench_exported
+            results += run(loaded.model, shape, batch_sizes=batch_sizes, device=options["device"], **timing)
     return results
 
 
@@ -118,7 +147,8 @@ def _print(runs: dict[str, list], specs: list[str], pairs: list[dict[str, Any]] 
     for spec in specs:
         for r in runs[spec]:
             threads = "default" if r.threads is None else str(r.threads)
-            table.add_row(spec, f"{r.engine} ({r.device})", threads, "×".join(map(str, r.input_shape)),
+            where = f"{r.device}, {r.precision}" if r.precision else r.device
+            table.add_row(spec, f"{r.engine} ({where})", threads, "×".join(map(str, r.input_shape)),
                           f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.spread:.2f}", f"{r.throughput:,.1f}")
     console.print(table)
     if any(r.spread > 1.2 for results in runs.values() for r in results):

@@ -1,0 +1,161 @@
+"""``openvino`` and ``deploy``: deployments of the exported ONNX model, checked on the task, written beside it.
+
+Both take the ONNX form (after ``export_onnx``) and write files beside
+``NAME.onnx``; the pipeline's model stays the FP32 ONNX file (``openvino``) or
+becomes the chosen ONNX Runtime file (``deploy``), so an ``int8`` step may still
+follow ``openvino``. The work is :func:`optkit.passes.deploy.convert.openvino_ir`
+and :func:`optkit.passes.deploy.choose.choose_deployment`; the settings are
+declared once in :mod:`optkit.passes.deploy.settings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.contract import Pass, PassResult, Stage
+from optkit.core.errors import ExportError
+from optkit.core.forms import ONNX, OnnxModel
+from optkit.core.registry import register_pass
+from optkit.core.settings import setting, shared_setting
+from optkit.passes.deploy.settings import DeploySettings, OpenVinoSettings
+
+if TYPE_CHECKING:
+    from optkit.core.context import RunContext
+
+#: The files an OpenVINO deployment of ``model.onnx`` adds to a run's output folder.
+OPENVINO_FILES = ("model.xml", "model.bin")
+
+
+def openvino_path(onnx_path: str | os.PathLike) -> Path:
+    """Where the OpenVINO IR of ``onnx_path`` goes: ``NAME.onnx`` -> ``NAME.xml`` (and ``NAME.bin``)."""
+    return Path(onnx_path).with_suffix(".xml")
+
+
+@register_pass
+@dataclass(frozen=True)
+class OpenVino(OpenVinoSettings, Pass):
+    """OpenVINO IR of the exported ONNX model at fp32, bf16 or INT8 (NNCF), checked on the task, and timed.
+
+    Takes the ONNX form (after ``export_onnx``) and writes ``NAME.xml`` and ``NAME.bin`` beside
+    ``NAME.onnx`` only when the IR passes its checks; the IR (in OpenVINO) and the ONNX file (in ONNX
+    Runtime) are then timed interleaved at batch 1 with every core, for the report. Returns the ONNX form
+    it was given.
+    """
+
+    name = "openvino"
+    stage = Stage.EXPORT + 2
+    in_place = False
+    accepts = ONNX
+    produces = ONNX
+    input_shape: tuple[int, ...] | None = shared_setting("input_shape")
+
+    def apply(self, model: OnnxModel) -> PassResult:
+        """Write the IR of the ONNX file ``model`` at :attr:`precision` and time it against the file.
+
+        Returns:
+            ``model`` itself, with :class:`optkit.passes.deploy.convert.OpenVinoResult` as a dict in the details,
+            plus ``path`` (the ``.xml`` name), ``files`` (both files' sizes), ``latency`` and ``latency_rows``.
+
+        Raises:
+            ExportError, DataError: as :func:`optkit.passes.deploy.convert.openvino_ir` does; nothing is written.
+        """
+        from optkit.analysis.latency import Deployment, interleaved_latency
+        from optkit.export import openvino as ov
+        from optkit.passes.deploy.convert import openvino_ir
+
+        if model.precision not in ("fp32", "fp16"):
+            raise ExportError(f"openvino converts the FP32 ONNX model, but it got the {model.precision} one: put it "
+                              "before int8")
+        shape = tuple(self.input_shape or model.input_shape)
+        target = openvino_path(model.path)
+        result = openvino_ir(model.path, target, self.precision, self, input_shape=shape).to_dict()
+        threads = os.cpu_count() or 1
+        onnx_time, ir_time = interleaved_latency([Deployment(model.path), Deployment(target, "openvino",
+                                                                                     self.precision)],
+                                                 (1, *shape[1:]), threads=threads, warmup=3, repeats=20)
+        label = f"OpenVINO {self.precision}"
+        check = f"agreement {result['agreement']:.1%} with the FP32 file on {result['checked_on']}"
+        if result["accuracy"] is not None:
+            check += f", accuracy {result['accuracy_fp32']:.2%} -> {result['accuracy']:.2%}"
+        result.update(path=target.name, files={path.name: path.stat().st_size for path in ov.ir_files(target)},
+                      latency={"threads": threads, "batch_size": 1, "onnxruntime": onnx_time.to_dict(),
+                               "openvino": ir_time.to_dict()},
+                      latency_rows=[{"label": f"{label} vs ONNX Runtime FP32 ms ({threads} thr, batch 1)",
+                                     "before_ms": onnx_time.median_ms, "after_ms": ir_time.median_ms}])
+        result["notes"] = [f"{target.name}: {label} (compile with INFERENCE_PRECISION_HINT {result['compute']}), "
+                           f"{result['file_size']:,} bytes with its .bin, {check}; batch 1, {threads} thread(s): "
+                           f"ONNX Runtime FP32 {onnx_time.median_ms:.2f} ms, {label} {ir_time.median_ms:.2f} ms",
+                           *result["notes"]]
+        return PassResult(model, result)
+
+
+@register_pass
+@dataclass(frozen=True)
+class Deploy(DeploySettings, Pass):
+    """The fastest verified deployment (ONNX Runtime FP32/INT8, OpenVINO fp32/bf16/INT8), timed on this machine.
+
+    Every candidate is checked on the task and timed against the unpruned FP32 model. Takes the FP32 ONNX
+    form (after ``export_onnx``), writes only the chosen deployment's files beside ``NAME.onnx``
+    (``NAME.int8.onnx``, or ``NAME.xml`` + ``NAME.bin``), and lists every candidate with its figures or why
+    it was not taken. Returns the chosen ONNX Runtime file, or the FP32 file when OpenVINO is chosen.
+    """
+
+    name = "deploy"
+    flag = "deploy"
+    stage = Stage.QUANTIZE + 2
+    in_place = False
+    accepts = ONNX
+    produces = ONNX
+    input_shape: tuple[int, ...] | None = shared_setting("input_shape")
+    reference: Any = setting(None, help="The model before the pipeline, exported to time the deployments against "
+                             "(default: the run's model before its passes; none: the exported file itself).",
+                             recipe=False, compare=False, repr=False)
+
+    def bind(self, context: RunContext) -> Deploy:
+        """Time against the model as it was before the pipeline (a copy made before any pass changed it)."""
+        return self if self.reference is not None else dataclasses.replace(self, reference=context.original())
+
+    def apply(self, model: OnnxModel) -> PassResult:
+        """Choose and write the fastest verified deployment of the ONNX file ``model``.
+
+        Returns:
+            the chosen ONNX Runtime file as an :class:`OnnxModel` (``model`` itself when OpenVINO is chosen), with
+            :class:`optkit.passes.deploy.choose.DeployResult` as a dict in the details, plus ``latency_rows``.
+
+        Raises:
+            ExportError: for a model that is not the FP32 file, a file an earlier step wrote where the choice
+                would write, or when no candidate passes its checks.
+        """
+        import tempfile
+
+        from optkit.export.onnx import export_onnx
+        from optkit.passes.deploy.choose import choose_deployment
+        from optkit.passes.quantize.passes import int8_path
+
+        if model.precision != "fp32":
+            raise ExportError(f"deploy starts from the FP32 ONNX model, but it got the {model.precision} one: drop "
+                              "--int8 and --fp16 (deploy tries ONNX Runtime INT8 itself)")
+        taken = [p.name for p in (int8_path(model.path), openvino_path(model.path)) if p.exists()]
+        if taken:
+            raise ExportError(f"{', '.join(taken)} was written by an earlier step; deploy writes the deployment it "
+                              "chooses: drop --int8 and --openvino")
+        shape = tuple(self.input_shape or model.input_shape)
+        with tempfile.TemporaryDirectory(prefix="optkit-deploy-") as scratch:
+            baseline = None
+            if self.reference is not None:
+                baseline = Path(scratch) / "unpruned.onnx"
+                export_onnx(self.reference, baseline, shape)
+            result = choose_deployment(model.path, self, input_shape=shape, baseline=baseline).to_dict()
+        chosen = Path(model.path).with_name(result["path"])
+        result["latency_rows"] = [{
+            "label": f"{result['label']} ms vs {'unpruned ' if baseline is not None else ''}ONNX Runtime FP32 "
+                     f"({result['threads']} thr, batch {result['batch_size']})",
+            "before_ms": result["baseline"]["median_ms"],
+            "after_ms": next(c["latency"]["median_ms"] for c in result["candidates"] if c["status"] == "chosen")}]
+        form = (OnnxModel(chosen, model.input_shape, model.source, result["precision"])
+                if result["runtime"] == "onnxruntime" else model)
+        return PassResult(form, result)
