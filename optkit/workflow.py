@@ -134,7 +134,8 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     at batch 1 with every core (:func:`onnx_latency`), and the report puts the
     realized speed-up next to the MACs ratio. With ``evaluation``, the original
     model and the result after every pass, the ONNX file and the INT8 file are
-    scored on the same test images (see :mod:`optkit.analysis.evaluation`).
+    scored on the same test samples, as the model's kind scores them (see
+    :mod:`optkit.analysis.evaluation`).
 
     Returns:
         the report (as written to ``report.json``).
@@ -153,7 +154,8 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     out = prepare_output_dir(out_dir, RUN_FILES, force=force) if main else Path(out_dir)
     check_runs(loaded, pipeline.input_shape, origin=pipeline.input_shape_origin)
     check_data(pipeline)
-    scorer = Scorer(evaluation, loaded.model, pipeline.input_shape) if evaluation is not None else None
+    scorer = (Scorer(evaluation, loaded.model, pipeline.input_shape, source=loaded.source)
+              if evaluation is not None else None)
     exports = pipeline.writes_files()
     context = RunContext(out_dir=out, teacher=teacher, resume=resume, rank=rank, world_size=world_size,
                          data=data_normalization(pipeline))
@@ -256,13 +258,17 @@ def _file_sections(run, model, weights_before: dict[str, int] | None) -> dict[st
 
 
 class Scorer:
-    """Scores the original model and each stage's result on the same test images, for the report."""
+    """Scores the original model and each stage's result on the same test samples, for the report.
 
-    def __init__(self, settings: EvalSettings, model, input_shape: tuple[int, ...]):
+    The model's kind reads the samples and scores them (see :mod:`optkit.analysis.evaluation`);
+    ``source`` is the model spec, where a language model's tokenizer is found.
+    """
+
+    def __init__(self, settings: EvalSettings, model, input_shape: tuple[int, ...], *, source: str | None = None):
         from optkit.analysis import evaluation
 
         self.settings = settings
-        self.eval_set = evaluation.load_eval_set(settings, model, input_shape)
+        self.eval_set = evaluation.load_eval_set(settings, model, input_shape, source=source)
         self.reference = evaluation.torch_logits(model, self.eval_set, settings.batch_size)
         self.stages = [{"stage": "original", **evaluation.score(self.reference, self.eval_set)}]
 
@@ -286,19 +292,21 @@ class Scorer:
         self.stages.append({"stage": f"{name} (ONNX Runtime)", **evaluation.score(logits, self.eval_set, self.reference)})
 
     def section(self) -> dict[str, Any]:
-        """The report's ``evaluation`` section."""
-        return {"data": self.eval_set.spec, "split": "test", "samples": len(self.eval_set.images),
-                "stages": self.stages}
+        """The report's ``evaluation`` section: the data, what one sample is, the kind's score columns and the stages."""
+        from optkit.analysis.evaluation import score_columns
+
+        return {"data": self.eval_set.spec, "split": "test", "samples": len(self.eval_set),
+                "unit": self.eval_set.unit, "columns": score_columns(self.eval_set), "stages": self.stages}
 
     def accuracy(self) -> dict[str, Any]:
-        """The report's ``accuracy``: the original and the result (``model.pt``) on the same test images.
+        """The report's ``accuracy``: the original and the result (``model.pt``) on the same test samples.
 
         It replaces the fine-tune pass's validation accuracy, which is measured on other images and
         has no "before".
         """
         torch_stages = [stage for stage in self.stages if not stage["stage"].endswith("(ONNX Runtime)")]
         return {"before": self.stages[0]["accuracy"], "after": torch_stages[-1]["accuracy"],
-                "dataset": f"the first {len(self.eval_set.images):,} test images of {self.eval_set.spec}"}
+                "dataset": f"the first {len(self.eval_set):,} test {self.eval_set.unit} of {self.eval_set.spec}"}
 
 
 def _remember_architecture(loaded: LoadedModel, out_dir: Path) -> None:

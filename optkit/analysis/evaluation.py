@@ -1,12 +1,15 @@
-"""Evaluation at every stage: top-1 accuracy on a test split, and fidelity to the original model.
+"""Evaluation at every stage: the model kind's scores on a test split, and fidelity to the original model.
 
-Accuracy needs labels; fidelity does not: top-1 agreement with the original
-model's predictions and the mean KL divergence from its softmax, on the same
-inputs. The images are read once (the first ``samples`` of the spec's
-``test`` split, adapted to the model's input like the fine-tune data), so
+The model's kind decides how it is scored (:meth:`optkit.kinds.ModelKind.score`):
+an image classifier gets top-1 accuracy on labelled images, a causal language
+model perplexity and next-token top-1 accuracy on text (``text[:FILE|DIR]``,
+tokenized by the model's own tokenizer); both get top-1 agreement with the
+original model's predictions and the mean KL divergence from its softmax on the
+same inputs, which need no labels. The samples are read once (the first
+``samples`` of the spec's ``test`` split, shaped as the model takes them), so
 every stage, PyTorch or ONNX Runtime, is scored on exactly the same tensors.
-The fine-tune pass selects its best epoch on the ``val`` split, which is
-held out of the training files and never overlaps ``test``.
+The fine-tune pass selects its best epoch on the ``val`` split, which never
+overlaps ``test``.
 
 Importing this module needs no torch (the CLI reads :class:`EvalSettings`).
 """
@@ -15,13 +18,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.settings import setting, validate_fields
+from optkit.kinds.base import EvalSet
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+__all__ = ["EVAL_SPLIT", "DataReaders", "EvalSet", "EvalSettings", "load_eval_set", "onnx_logits", "score",
+           "score_columns", "tokenizer_folders", "torch_logits"]
 
 EVAL_SPLIT = "test"
 
@@ -40,92 +48,122 @@ class EvalSettings:
         validate_fields(self)
 
 
-@dataclass
-class EvalSet:
-    """The scoring images, read once and adapted to the model's input.
+class DataReaders:
+    """The data layer's readers for one model (the :class:`optkit.kinds.base.EvalData` a kind reads with).
 
-    Attributes:
-        spec: the dataset spec.
-        images: ``N×C×H×W`` float tensor, normalized as the spec says.
-        labels: ``N`` class indices.
-        num_classes: classes in the dataset.
+    Args:
+        model: the model to be scored (run once to check that it takes the images).
+        source: the model spec it was loaded from; its folder is where a ``text`` spec
+            looks for the tokenizer (see :func:`tokenizer_folders`).
     """
 
-    spec: str
-    images: torch.Tensor
-    labels: torch.Tensor
-    num_classes: int
+    def __init__(self, model: nn.Module, source: str | os.PathLike | None = None):
+        self.model = model
+        self.source = source
+
+    def labelled_images(self, spec: str, split: str, shape: tuple[int, ...],
+                        samples: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        import torch
+
+        from optkit.data import dataset_info, load_dataset
+        from optkit.data.adapt import adapted, check_fits
+
+        info = dataset_info(spec)
+        check_fits(self.model, shape, info.num_classes, spec)
+        dataset = adapted(load_dataset(spec, split, augment=False), shape)
+        count = min(samples, len(dataset))
+        pairs = [dataset[i] for i in range(count)]
+        labels = torch.tensor([int(label) for _, label in pairs])
+        return torch.stack([image for image, _ in pairs]), labels, info.num_classes
+
+    def token_blocks(self, spec: str, split: str, seq_len: int, samples: int, *, vocab_size: int | None,
+                     max_positions: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        from optkit.core.errors import DataError
+        from optkit.data.specs import is_text, parse_spec
+        from optkit.data.text import find_tokenizer, token_blocks
+
+        if not is_text(spec):
+            raise DataError(f"{spec} holds images, but a language model is scored on text: give --eval text "
+                            "(the Python documentation) or text:FILE|DIR")
+        folder = find_tokenizer(tokenizer_folders(self.model, self.source))
+        blocks = token_blocks(parse_spec(spec).arg, split, folder, seq_len, vocab_size=vocab_size,
+                              max_positions=max_positions, max_blocks=samples)
+        return blocks.input_ids, blocks.attention_mask
+
+
+def tokenizer_folders(model: nn.Module, source: str | os.PathLike | None) -> list[Path]:
+    """Where a model's tokenizer may be, in order: the folder it was loaded from (``hf:DIR`` or a
+    ``save_pretrained`` folder), the folder of the file it was loaded from (optkit writes the tokenizer
+    beside ``model.pt``), and the folder its config was read from (``config.name_or_path``)."""
+    from optkit.io.hf import hf_folder
+
+    folders: list[Path] = []
+    if source is not None:
+        folder = hf_folder(str(source))
+        path = Path(source)
+        folders += [folder] if folder is not None else [path.parent] if path.is_file() else []
+    name = getattr(getattr(model, "config", None), "name_or_path", None)
+    if name:
+        folders.append(Path(name))
+    return folders
 
 
 def load_eval_set(settings: EvalSettings, model: nn.Module, input_shape: tuple[int, ...], *,
-                  split: str = EVAL_SPLIT) -> EvalSet:
-    """Read the scoring images of ``split`` and check that the model fits them (one forward pass).
+                  split: str = EVAL_SPLIT, source: str | os.PathLike | None = None) -> EvalSet:
+    """Read the first ``settings.samples`` scoring samples of ``split``, as the model's kind reads them.
 
-    Raises:
-        DataError: for a missing dataset, or data whose classes or image shape the model does not take.
-    """
-    import torch
-
-    from optkit.data import dataset_info, load_dataset
-    from optkit.data.adapt import adapted, check_fits
-
-    info = dataset_info(settings.data)
-    check_fits(model, input_shape, info.num_classes, settings.data)
-    dataset = adapted(load_dataset(settings.data, split, augment=False), input_shape)
-    count = min(settings.samples, len(dataset))
-    samples = [dataset[i] for i in range(count)]
-    images = torch.stack([image for image, _ in samples])
-    labels = torch.tensor([int(label) for _, label in samples])
-    return EvalSet(settings.data, images, labels, info.num_classes)
-
-
-def torch_logits(model: nn.Module, eval_set: EvalSet, batch_size: int = 128) -> torch.Tensor:
-    """The model's logits on the scoring images (eval mode, no gradients, on the model's device), on CPU."""
-    import torch
-
-    from optkit.analysis.metrics import eval_mode, model_device
-
-    device = model_device(model)
-    outputs = []
-    with eval_mode(model), torch.no_grad():
-        for start in range(0, len(eval_set.images), batch_size):
-            outputs.append(model(eval_set.images[start:start + batch_size].to(device)).float().cpu())
-    return torch.cat(outputs)
-
-
-def onnx_logits(path: str | os.PathLike, eval_set: EvalSet, batch_size: int = 128) -> torch.Tensor:
-    """An ONNX file's logits on the scoring images, with ONNX Runtime on the CPU."""
-    import onnxruntime as ort
-    import torch
-
-    session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    static_batch = session.get_inputs()[0].shape[0]
-    step = static_batch if isinstance(static_batch, int) else batch_size
-    outputs = []
-    for start in range(0, len(eval_set.images), step):
-        chunk = eval_set.images[start:start + step].numpy()
-        if isinstance(static_batch, int) and len(chunk) < static_batch:
-            break
-        outputs.append(torch.from_numpy(session.run(None, {name: chunk})[0]).float())
-    return torch.cat(outputs)
-
-
-def score(logits: torch.Tensor, eval_set: EvalSet, reference: torch.Tensor | None = None) -> dict[str, Any]:
-    """Accuracy on the labels and, given the original's logits, top-1 agreement and mean KL(original || this).
+    Args:
+        settings: the dataset spec, sample count and batch size.
+        model: the model before any pass.
+        input_shape: the pipeline's input shape (an image shape, or ``N,L`` for token models).
+        split: ``test`` for reports.
+        source: the model spec it was loaded from (where a language model's tokenizer is found).
 
     Returns:
-        ``{"samples", "accuracy", "agreement", "mean_kl"}`` (the last two ``None`` without a reference).
-    """
-    import torch.nn.functional as F
+        the :class:`EvalSet`.
 
-    n = len(logits)
-    labels = eval_set.labels[:n]
-    result: dict[str, Any] = {"samples": n, "accuracy": int((logits.argmax(1) == labels).sum()) / n,
-                              "agreement": None, "mean_kl": None}
-    if reference is not None:
-        reference = reference[:n]
-        result["agreement"] = int((logits.argmax(1) == reference.argmax(1)).sum()) / n
-        result["mean_kl"] = float(F.kl_div(F.log_softmax(logits, 1), F.log_softmax(reference, 1),
-                                           reduction="batchmean", log_target=True))
-    return result
+    Raises:
+        DataError: for a missing dataset, or data the model cannot be scored on (classes or image
+            shape it does not take; text without the model's tokenizer, or that does not fit its
+            vocabulary or positions).
+        OptkitError: for a kind that has no scoring.
+    """
+    from optkit.kinds import kind_of
+
+    return kind_of(model).eval_set(model, tuple(input_shape), settings.data, split=split, samples=settings.samples,
+                                   data=DataReaders(model, source))
+
+
+def torch_logits(model: nn.Module, eval_set: EvalSet, batch_size: int = 128) -> Any:
+    """A PyTorch model's outputs on the scoring samples (eval mode, no gradients, on the model's device), as
+    its kind scores them: logits on the CPU for a classifier, logits read a batch at a time for a language model."""
+    from optkit.kinds import get_kind
+
+    return get_kind(eval_set.kind).eval_outputs(model, eval_set, batch_size)
+
+
+def onnx_logits(path: str | os.PathLike, eval_set: EvalSet, batch_size: int = 128) -> Any:
+    """An ONNX file's outputs on the scoring samples, with ONNX Runtime on the CPU (see :func:`torch_logits`)."""
+    from optkit.kinds import get_kind
+
+    return get_kind(eval_set.kind).eval_outputs(os.fspath(path), eval_set, batch_size)
+
+
+def score(logits: Any, eval_set: EvalSet, reference: Any = None) -> dict[str, Any]:
+    """The kind's scores for outputs on ``eval_set`` and, given the original's outputs, agreement and mean KL.
+
+    Returns:
+        ``{"samples", KEY: value per score column}``: for a classifier ``accuracy``, ``agreement`` and
+        ``mean_kl``; for a language model also ``perplexity`` and ``tokens`` (the positions scored). The
+        figures comparing with the original are ``None`` without a reference.
+    """
+    from optkit.kinds import get_kind
+
+    return get_kind(eval_set.kind).score(logits, eval_set, reference)
+
+
+def score_columns(eval_set: EvalSet) -> list[dict[str, str]]:
+    """The figures the eval set's kind scores, as ``{"key", "label", "format"}`` for reports, in order."""
+    from optkit.kinds import get_kind
+
+    return [{"key": c.key, "label": c.label, "format": c.format} for c in get_kind(eval_set.kind).score_columns]

@@ -250,13 +250,24 @@ def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def evaluation_rows(evaluation: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """``(stage, accuracy, agreement, mean KL)`` per stage of the ``evaluation`` section, formatted."""
+#: The columns of an ``evaluation`` section that does not list its own (an image classifier's).
+CLASSIFIER_COLUMNS = ({"key": "accuracy", "label": "top-1 accuracy", "format": ".2%"},
+                      {"key": "agreement", "label": "agreement with original", "format": ".2%"},
+                      {"key": "mean_kl", "label": "mean KL", "format": ".4f"})
+
+
+def _evaluation_columns(evaluation: dict[str, Any]) -> list[dict[str, str]]:
+    return list(evaluation.get("columns") or CLASSIFIER_COLUMNS)
+
+
+def evaluation_rows(evaluation: dict[str, Any]) -> list[tuple[str, ...]]:
+    """``(stage, figure...)`` per stage of the ``evaluation`` section, formatted, in the order of its ``columns``
+    (the model kind's scores: accuracy, agreement and mean KL for a classifier; perplexity first for a language model)."""
     def fmt(value, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    return [(row["stage"], fmt(row["accuracy"], ".2%"), fmt(row["agreement"], ".2%"), fmt(row["mean_kl"], ".4f"))
-            for row in evaluation["stages"]]
+    columns = _evaluation_columns(evaluation)
+    return [(row["stage"], *(fmt(row.get(c["key"]), c["format"]) for c in columns)) for row in evaluation["stages"]]
 
 
 def evaluation_table(evaluation: dict[str, Any]):
@@ -264,7 +275,7 @@ def evaluation_table(evaluation: dict[str, Any]):
     from rich.table import Table
 
     table = Table(title=_evaluation_title(evaluation))
-    for column in ("stage", "top-1 accuracy", "agreement", "mean KL"):
+    for column in ("stage", *(c["label"] for c in _evaluation_columns(evaluation))):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for row in evaluation_rows(evaluation):
         table.add_row(*row)
@@ -272,16 +283,18 @@ def evaluation_table(evaluation: dict[str, Any]):
 
 
 def _evaluation_title(evaluation: dict[str, Any]) -> str:
-    return f"Evaluation on the first {evaluation['samples']:,} {evaluation['split']} images of {evaluation['data']}"
+    unit = evaluation.get("unit", "images")
+    return f"Evaluation on the first {evaluation['samples']:,} {evaluation['split']} {unit} of {evaluation['data']}"
 
 
 def _evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
     if not evaluation:
         return []
+    labels = [c["label"] for c in _evaluation_columns(evaluation)]
     lines = ["", f"## {_evaluation_title(evaluation)}", "",
-             "Agreement and KL compare each stage's predictions with the original model's on the same images.", "",
-             "| stage | top-1 accuracy | agreement with original | mean KL |", "|---|---:|---:|---:|"]
-    return lines + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in evaluation_rows(evaluation)]
+             "Agreement and KL compare each stage's predictions with the original model's on the same samples.", "",
+             "| " + " | ".join(["stage", *labels]) + " |", "|---|" + "---:|" * len(labels)]
+    return lines + ["| " + " | ".join(row) + " |" for row in evaluation_rows(evaluation)]
 
 
 def _channel_lines(report: dict[str, Any], plot: str | None) -> list[str]:

@@ -1,5 +1,8 @@
 """Datasets behind the specs of :mod:`optkit.data.specs`: readers, ``TensorImageDataset`` and :func:`load_dataset`.
 
+Image datasets only: ``text`` specs are read as blocks of token ids by
+:func:`optkit.data.text.token_blocks`, with the model's tokenizer.
+
 Splits: ``train`` (augmented), ``val`` (held out of the training files,
 the same images for a given ``seed``) and ``test``. Images are normalized as
 the spec says (its ``?mean=...&std=...`` query, else the dataset's own
@@ -23,8 +26,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from torch.utils.data import Dataset
 
 from optkit.core.errors import DataError
-from optkit.data.specs import (IMAGEFOLDER_SIZE, KNOWN, dataset_info, folder_classes, parse_spec, per_channel,
-                               synthetic_args)
+from optkit.data.specs import (IMAGEFOLDER_SIZE, KNOWN, dataset_info, folder_classes, is_text, parse_spec,
+                               per_channel, synthetic_args)
+from optkit.data.text import text_files
 
 SPLITS = ("train", "val", "test")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -158,8 +162,11 @@ def check_available(spec: str) -> None:
     Raises:
         DataError: for a malformed spec, or files or folders that are missing.
     """
-    dataset_info(spec)
     parsed = parse_spec(spec)
+    if is_text(parsed):
+        text_files(parsed.arg)
+        return
+    dataset_info(spec)
     if parsed.kind == "fashion-mnist":
         directory = Path(parsed.arg or FASHION_MNIST_DIR)
         missing = [name for names in _FMNIST_FILES.values() for name in names if not (directory / name).is_file()]

@@ -9,9 +9,13 @@ Kinds:
 * ``imagefolder:DIR`` — torchvision ``ImageFolder``; ``DIR`` holds one folder
   per class, or ``train/``, ``val/`` and ``test/`` folders that each do;
 * ``synthetic:N[:CxHxW[:K]]`` — ``N`` deterministic images per split of shape
-  ``C×H×W`` (default ``3x32x32``) in ``K`` classes (default 10). For tests.
+  ``C×H×W`` (default ``3x32x32``) in ``K`` classes (default 10). For tests;
+* ``text`` or ``text:FILE|DIR`` — text for language models, tokenized by the
+  model's own tokenizer (see :mod:`optkit.data.text`): the Python 3.11
+  documentation from Debian's ``python3.11-doc``, or your ``.txt``, ``.rst``
+  and ``.md`` files.
 
-Any spec may end in a query that sets the normalization the images get,
+Any image spec may end in a query that sets the normalization the images get,
 ``(x - mean) / std`` on the 0-1 scale, one value or one per channel:
 ``fashion-mnist?mean=0&std=1`` (plain 0-1 tensors, as ``ToTensor()`` alone
 gives), ``imagefolder:DIR?mean=0.5,0.5,0.5&std=0.5,0.5,0.5``. Without it each
@@ -28,8 +32,10 @@ from pathlib import Path
 
 from optkit.core.errors import DataError
 
-KINDS = ("fashion-mnist", "imagefolder", "mnist", "cifar10", "synthetic")
-SPEC_FORMS = "fashion-mnist[:DIR], imagefolder:DIR, mnist:DIR, cifar10:DIR, synthetic:N[:CxHxW[:K]]"
+KINDS = ("fashion-mnist", "imagefolder", "mnist", "cifar10", "synthetic", "text")
+SPEC_FORMS = "fashion-mnist[:DIR], imagefolder:DIR, mnist:DIR, cifar10:DIR, synthetic:N[:CxHxW[:K]], text[:FILE|DIR]"
+#: Kinds whose argument may be left out (a default location).
+OPTIONAL_ARG = ("fashion-mnist", "text")
 #: Keys a spec's query may set.
 QUERY_KEYS = ("mean", "std")
 IMAGEFOLDER_SIZE = 224
@@ -112,7 +118,7 @@ def parse_spec(spec: str) -> DataSpec:
     """Parse a dataset spec, with its optional ``?mean=...&std=...`` query.
 
     Args:
-        spec: e.g. ``fashion-mnist``, ``imagefolder:DIR?mean=0.5&std=0.5``.
+        spec: e.g. ``fashion-mnist``, ``imagefolder:DIR?mean=0.5&std=0.5``, ``text``.
 
     Returns:
         the :class:`DataSpec`.
@@ -125,8 +131,10 @@ def parse_spec(spec: str) -> DataSpec:
     kind, _, arg = text.partition(":")
     if kind not in KINDS:
         raise DataError(f"unknown dataset spec {spec!r}; use one of: {SPEC_FORMS} (optionally ?mean=M&std=S)")
-    if kind != "fashion-mnist" and not arg:
+    if kind not in OPTIONAL_ARG and not arg:
         raise DataError(f"dataset spec {spec!r} needs an argument, e.g. {kind}:{'64' if kind == 'synthetic' else 'DIR'}")
+    if kind == "text" and has_query:
+        raise DataError(f"text specs take no query (mean/std normalize images), got {spec!r}; give text[:FILE|DIR]")
     values = _parse_query(spec, query) if has_query else {}
     return DataSpec(kind, arg, values.get("mean"), values.get("std"))
 
@@ -186,9 +194,13 @@ def dataset_info(spec: str) -> DatasetInfo:
         given, else the dataset's own, one value per channel.
 
     Raises:
-        DataError: for a bad spec or normalization, or an image folder that is missing or empty.
+        DataError: for a bad spec or normalization, an image folder that is missing or empty,
+            or a ``text`` spec (text has no classes or images).
     """
     parsed = parse_spec(spec)
+    if is_text(parsed):
+        raise DataError(f"{spec} is text for language models, not labelled images; give an image dataset spec "
+                        "for an image model")
     if parsed.kind in KNOWN:
         info = KNOWN[parsed.kind].info
     elif parsed.kind == "synthetic":
@@ -201,6 +213,11 @@ def dataset_info(spec: str) -> DatasetInfo:
     std = info.std if parsed.std is None else parsed.std
     return DatasetInfo(info.num_classes, info.channels, info.image_size,
                        per_channel(mean, info.channels, "mean"), per_channel(std, info.channels, "std"))
+
+
+def is_text(spec: str | DataSpec) -> bool:
+    """Whether a spec (a string or parsed) names text for language models (``text``, ``text:FILE|DIR``)."""
+    return (spec if isinstance(spec, DataSpec) else parse_spec(spec)).kind == "text"
 
 
 def synthetic_args(arg: str) -> tuple[int, int, tuple[int, int], int]:

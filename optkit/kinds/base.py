@@ -8,21 +8,32 @@ model (:func:`kind_of`) instead of assuming an image tensor.
 
 A model's kind is the one named for it (``set_kind``, ``--kind``) or else the
 first registered kind, by ``priority``, whose :meth:`ModelKind.matches` accepts it.
+
+A kind also says how its models are **scored on data** (``--eval SPEC``):
+:meth:`ModelKind.eval_set` reads the scoring samples once, through the data
+layer's readers (:class:`EvalData`; kinds sit below ``optkit.data``, so they are
+handed the readers rather than importing them); :meth:`ModelKind.eval_outputs`
+runs a PyTorch model or an ONNX file on them; :meth:`ModelKind.score` turns the
+outputs into the kind's figures (:attr:`ModelKind.score_columns`), and compares
+them with the original model's outputs when given.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from optkit.core.errors import OptkitError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
     from torch import nn
 
-__all__ = ["KIND_ATTRIBUTE", "ModelInputs", "ModelKind", "call_with", "export_view", "flatten_tensors",
-           "model_device"]
+__all__ = ["KIND_ATTRIBUTE", "EvalData", "EvalSet", "ModelInputs", "ModelKind", "ScoreColumn", "call_with", "export_view",
+           "flatten_tensors", "model_device"]
 
 #: The attribute a named kind is stored under on a model (it survives ``copy.deepcopy`` and in-place pruning).
 KIND_ATTRIBUTE = "_optkit_kind"
@@ -88,6 +99,82 @@ class ModelInputs:
         return len(first) if isinstance(first, (list, tuple)) else int(first.shape[0])
 
 
+@dataclass(frozen=True)
+class ScoreColumn:
+    """One figure a kind's :meth:`ModelKind.score` gives, as reports show it.
+
+    Attributes:
+        key: the key in the scores dict (``accuracy``, ``perplexity``...).
+        label: the column heading.
+        format: a format spec for the value (``.2%``, ``.3f``).
+    """
+
+    key: str
+    label: str
+    format: str
+
+
+@dataclass
+class EvalSet:
+    """Scoring samples, read once and shaped as the model takes them, so every stage (PyTorch or
+    ONNX Runtime) is scored on the same tensors.
+
+    Attributes:
+        spec: the dataset spec they were read from.
+        inputs: every sample, batch dimension first: one tensor (an image batch ``N×C×H×W``)
+            or :class:`ModelInputs` (token ids and their attention mask).
+        targets: what the outputs are scored against: ``N`` class labels, or for a language
+            model the next token at each position (``N×(L-1)``, a negative id where there is none).
+        num_classes: the classes (a language model's vocabulary size), or ``None``.
+        kind: the name of the model kind that read them and scores on them.
+        split: the dataset split.
+        unit: what one sample is, for reports (``images``, ``sequences of 128 tokens``).
+    """
+
+    spec: str
+    inputs: Any
+    targets: Any
+    num_classes: int | None = None
+    kind: str = "image_classifier"
+    split: str = "test"
+    unit: str = "images"
+
+    def model_inputs(self) -> ModelInputs:
+        """:attr:`inputs` as :class:`ModelInputs` (one tensor becomes the single positional argument)."""
+        return self.inputs if isinstance(self.inputs, ModelInputs) else ModelInputs((self.inputs,))
+
+    def __len__(self) -> int:
+        return self.model_inputs().batch_size
+
+    def batches(self, batch_size: int) -> Iterator[tuple[int, ModelInputs]]:
+        """``(first sample's index, inputs)`` for consecutive batches of at most ``batch_size`` samples."""
+        inputs = self.model_inputs()
+        tensors = inputs.tensors()
+        for start in range(0, len(self), batch_size):
+            yield start, inputs.with_tensors([t[start:start + batch_size] for t in tensors])
+
+
+class EvalData(Protocol):
+    """The data layer's readers, handed to :meth:`ModelKind.eval_set` by :mod:`optkit.analysis.evaluation`.
+
+    Kinds sit below ``optkit.data`` in the import floors, so a kind is given the
+    readers instead of importing them. Each reader raises ``DataError`` (one line)
+    for data that is missing or does not fit the model.
+    """
+
+    def labelled_images(self, spec: str, split: str, shape: tuple[int, ...],
+                        samples: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The first ``samples`` images of ``split`` adapted to input ``shape``, their labels and the class
+        count, after checking that the model runs on them and has an output per class."""
+        ...
+
+    def token_blocks(self, spec: str, split: str, seq_len: int, samples: int, *, vocab_size: int | None,
+                     max_positions: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``samples`` blocks of ``seq_len`` token ids of a text spec's ``split``, tokenized by the
+        model's own tokenizer, and their attention mask (0 on the last block's padding)."""
+        ...
+
+
 class ModelKind:
     """Base class of every model kind; subclasses override what differs from an image classifier.
 
@@ -98,6 +185,8 @@ class ModelKind:
             classifier comes last.
         shape_help: what an input shape means for this kind (for messages).
         dynamic_batch: whether an exported graph can take any batch size.
+        score_columns: the figures :meth:`score` gives, in report order (none: the kind
+            is not scored on data).
     """
 
     name: ClassVar[str] = ""
@@ -105,6 +194,7 @@ class ModelKind:
     priority: ClassVar[int] = 50
     shape_help: ClassVar[str] = "N,C,H,W"
     dynamic_batch: ClassVar[bool] = True
+    score_columns: ClassVar[tuple[ScoreColumn, ...]] = ()
 
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` is of this kind, judged from its structure (never from its class name alone)."""
@@ -159,6 +249,98 @@ class ModelKind:
     def held_layers(self, model: nn.Module) -> dict[str, str]:
         """Modules (by qualified name) that keep their output width, with the reason, beyond the output layers."""
         return {}
+
+    def eval_set(self, model: nn.Module, shape: tuple[int, ...], spec: str, *, split: str, samples: int,
+                 data: EvalData) -> EvalSet:
+        """Read the first ``samples`` scoring samples of ``spec``'s ``split`` for ``model`` at input ``shape``.
+
+        Args:
+            model: the model before any pass (it may be run once to check that it takes the data).
+            shape: the pipeline's input shape.
+            spec: a dataset spec (see :mod:`optkit.data.specs`).
+            split: ``test`` for reports; other callers may score on ``val``.
+            samples: how many samples at most.
+            data: the data layer's readers.
+
+        Returns:
+            the :class:`EvalSet`.
+
+        Raises:
+            OptkitError: (``DataError`` for data) for data this model cannot be scored on; by
+                default, because the kind has no scoring.
+        """
+        raise OptkitError(f"optkit cannot score {self.name} models on data yet; leave out --eval")
+
+    def eval_outputs(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int) -> Any:
+        """What :meth:`score` reads: the outputs of a PyTorch model (eval mode, no gradients, on its device) or of
+        an ONNX file (a path; ONNX Runtime on the CPU) on every sample of ``eval_set``.
+
+        By default the first output tensor of each batch of ``batch_size`` samples, concatenated on the CPU in
+        float32. A file with a static batch size gets whole batches only (the last partial one is left out).
+        """
+        import torch
+
+        return torch.cat(list(output_batches(self, model, eval_set, batch_size)))
+
+    def score(self, outputs: Any, eval_set: EvalSet, reference: Any = None) -> dict[str, Any]:
+        """The kind's figures (:attr:`score_columns`) for ``outputs`` of :meth:`eval_outputs` on ``eval_set``.
+
+        Args:
+            outputs: the outputs of the model or file being scored.
+            eval_set: the samples they came from (outputs may cover only its first samples).
+            reference: the original model's outputs on the same samples; the figures comparing
+                with it are ``None`` without it.
+
+        Returns:
+            ``{"samples": scored samples, KEY: value for each score column}``.
+        """
+        raise NotImplementedError(f"the {self.name} kind has no scoring")
+
+
+def output_batches(kind: ModelKind, model: nn.Module | str | os.PathLike, eval_set: EvalSet,
+                   batch_size: int) -> Iterator[torch.Tensor]:
+    """The first output tensor (float32, CPU) of a PyTorch model or an ONNX file on each batch of ``eval_set``.
+
+    Raises:
+        OptkitError: for an ONNX file whose inputs are not the eval set's.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        yield from _onnx_batches(model, eval_set, batch_size)
+        return
+    import torch
+
+    device = model_device(model)
+    was_training = model.training
+    model.eval()
+    try:
+        for _, batch in eval_set.batches(batch_size):
+            batch = batch.with_tensors([t.to(device) for t in batch.tensors()])
+            # Gradients go off per batch, never across a yield: a consumer that stops early would
+            # otherwise leave them off for the rest of its thread.
+            with torch.no_grad():
+                output = kind.outputs(batch.call(model))[0].float().cpu()
+            yield output
+    finally:
+        model.train(was_training)
+
+
+def _onnx_batches(path: str | os.PathLike, eval_set: EvalSet, batch_size: int) -> Iterator[torch.Tensor]:
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    names = [value.name for value in session.get_inputs()]
+    count = len(eval_set.model_inputs().tensors())
+    if len(names) != count:
+        raise OptkitError(f"{os.fspath(path)} takes {len(names)} inputs ({', '.join(names)}) but the scoring data "
+                          f"gives {count}; export the model that was scored")
+    static_batch = session.get_inputs()[0].shape[0]
+    step = static_batch if isinstance(static_batch, int) else batch_size
+    for _, batch in eval_set.batches(step):
+        tensors = batch.tensors()
+        if isinstance(static_batch, int) and len(tensors[0]) < static_batch:
+            break
+        yield torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, tensors)})[0]).float()
 
 
 def call_with(model: nn.Module, inputs: Any) -> Any:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from optkit.kinds.base import ModelInputs, ModelKind, model_device
+from optkit.kinds.base import EvalData, EvalSet, ModelInputs, ModelKind, ScoreColumn, model_device
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 DEFAULT_IMAGE_SIZE = 224
@@ -17,12 +18,17 @@ class ImageClassifier(ModelKind):
 
     The fallback kind: a model no other kind recognises is treated as one.
     Its output tensors are compared as they are; the layers that write the
-    model's outputs (the classifier) keep their width.
+    model's outputs (the classifier) keep their width. Scored on labelled
+    images: top-1 accuracy, and top-1 agreement and mean KL(original || this)
+    of the softmax against the original model.
     """
 
     name = "image_classifier"
     description = "models taking one float tensor, such as an image batch N,C,H,W"
     priority = 100
+    score_columns = (ScoreColumn("accuracy", "top-1 accuracy", ".2%"),
+                     ScoreColumn("agreement", "agreement with original", ".2%"),
+                     ScoreColumn("mean_kl", "mean KL", ".4f"))
 
     def matches(self, model: nn.Module) -> bool:
         return True
@@ -33,6 +39,32 @@ class ImageClassifier(ModelKind):
 
     def example_inputs(self, model: nn.Module, shape: tuple[int, ...], *, seed: int = 0) -> ModelInputs:
         return ModelInputs((random_images(model, shape, seed=seed),))
+
+    def eval_set(self, model: nn.Module, shape: tuple[int, ...], spec: str, *, split: str, samples: int,
+                 data: EvalData) -> EvalSet:
+        images, labels, classes = data.labelled_images(spec, split, shape, samples)
+        return EvalSet(spec, images, labels, classes, kind=self.name, split=split, unit="images")
+
+    def score(self, outputs: torch.Tensor, eval_set: EvalSet, reference: torch.Tensor | None = None) -> dict[str, Any]:
+        """Accuracy on the labels and, given the original's logits, top-1 agreement and mean KL(original || this).
+
+        Only the first ``len(outputs)`` labels and reference rows count (an ONNX file with a static batch
+        size scores whole batches only).
+
+        Returns:
+            ``{"samples", "accuracy", "agreement", "mean_kl"}`` (the last two ``None`` without a reference).
+        """
+        import torch.nn.functional as F
+
+        n = len(outputs)
+        result: dict[str, Any] = {"samples": n, "accuracy": int((outputs.argmax(1) == eval_set.targets[:n]).sum()) / n,
+                                  "agreement": None, "mean_kl": None}
+        if reference is not None:
+            reference = reference[:n]
+            result["agreement"] = int((outputs.argmax(1) == reference.argmax(1)).sum()) / n
+            result["mean_kl"] = float(F.kl_div(F.log_softmax(outputs, 1), F.log_softmax(reference, 1),
+                                               reduction="batchmean", log_target=True))
+        return result
 
 
 def random_images(model: nn.Module, shape: tuple[int, ...], *, seed: int = 0):
@@ -49,3 +81,4 @@ def input_channels(model: nn.Module) -> int | None:
 
     first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
     return first_conv.in_channels if first_conv is not None else None
+

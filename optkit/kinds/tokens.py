@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
+import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.errors import OptkitError
-from optkit.kinds.base import ModelInputs, ModelKind, export_view, model_device
+from optkit.core.errors import DataError, OptkitError
+from optkit.kinds.base import (EvalData, EvalSet, ModelInputs, ModelKind, ScoreColumn, export_view, model_device,
+                               output_batches)
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
     from torch import nn
 
@@ -22,6 +27,10 @@ ATTENTION_REASON = ("attention projection: heads are kept whole (structured prun
                     "MLP channels)")
 #: Direct linear children of one module reading the hidden width that mark it as attention (q, k, v, ...).
 MIN_ATTENTION_PROJECTIONS = 3
+#: The target of a position with no next token to predict (a block's padding).
+IGNORE = -100
+#: Logits held at once while scoring (float32 values): batches of long sequences and large vocabularies shrink.
+LOGITS_PER_BATCH = 2 ** 25
 
 
 class TokenModel(ModelKind):
@@ -32,12 +41,21 @@ class TokenModel(ModelKind):
     The compared output is the task head's ``logits`` (or the encoder's
     ``last_hidden_state``); the hidden size and the attention heads keep their
     width, MLP channels are pruned.
+
+    Causal LMs are scored on text (``--eval text[:FILE|DIR]``): perplexity, the
+    exp of the mean next-token negative log-likelihood over the positions that
+    have a next token (padding excluded), next-token top-1 accuracy, and against
+    the original model the top-1 agreement and mean KL(original || this) per token.
     """
 
     name = "tokens"
     description = "language models taking token ids (N,L) and an attention mask"
     priority = 30
     shape_help = "N,L (batch, sequence length)"
+    score_columns = (ScoreColumn("perplexity", "perplexity", ".3f"),
+                     ScoreColumn("accuracy", "next-token top-1", ".2%"),
+                     ScoreColumn("agreement", "agreement with original", ".2%"),
+                     ScoreColumn("mean_kl", "mean KL per token", ".4f"))
 
     def matches(self, model: nn.Module) -> bool:
         from torch import nn
@@ -69,15 +87,7 @@ class TokenModel(ModelKind):
         generator = torch.Generator().manual_seed(seed)
         device = model_device(model)
         ids = torch.randint(0, vocab_size(model), tuple(shape), generator=generator).to(device)
-        accepted = _keywords(model)
-        if "input_ids" not in accepted:
-            return ModelInputs((ids,), {}, ("input_ids",))
-        kwargs: dict[str, Any] = {"input_ids": ids}
-        if "attention_mask" in accepted:
-            kwargs["attention_mask"] = torch.ones(tuple(shape), dtype=torch.long, device=device)
-        if "use_cache" in accepted:
-            kwargs["use_cache"] = False  # a cache object is no tensor to compare or export
-        return ModelInputs((), kwargs, tuple(k for k in ("input_ids", "attention_mask") if k in kwargs))
+        return token_inputs(model, ids, torch.ones(tuple(shape), dtype=torch.long, device=device))
 
     def outputs(self, output: Any) -> list[torch.Tensor]:
         import torch
@@ -96,6 +106,67 @@ class TokenModel(ModelKind):
     def export_module(self, model: nn.Module, inputs: ModelInputs) -> nn.Module:
         return export_view(model, inputs, self)
 
+    def eval_set(self, model: nn.Module, shape: tuple[int, ...], spec: str, *, split: str, samples: int,
+                 data: EvalData) -> EvalSet:
+        """Blocks of ``shape[1]`` tokens of a text spec, tokenized by the model's own tokenizer.
+
+        Raises:
+            DataError: for a model without a causal LM head (a text needs next-token logits), text that
+                gives no next token to predict, or text the readers refuse (see :class:`EvalData`).
+        """
+        self.check_shape(model, shape)
+        can_generate = getattr(model, "can_generate", None)
+        if callable(can_generate) and not can_generate():
+            raise DataError(f"{type(model).__name__} is not a causal language model (it cannot generate), so it has no "
+                            "perplexity on text; --eval text scores causal LMs")
+        ids, mask = data.token_blocks(spec, split, shape[1], samples, vocab_size=vocab_size(model),
+                                      max_positions=max_positions(model))
+        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE)
+        if not bool((targets != IGNORE).any()):
+            raise DataError(f"{spec} gives no token with a next one to predict at --seq-len {shape[1]}; give more text")
+        eval_set = EvalSet(spec, token_inputs(model, ids, mask), targets, vocab_size(model), kind=self.name,
+                           split=split, unit=f"sequences of {shape[1]} tokens")
+        probe = EvalSet(spec, token_inputs(model, ids[:1], mask[:1]), None)
+        first = list(output_batches(self, model, probe, 1))[0]
+        if first.dim() != 3 or first.shape[-1] < eval_set.num_classes:
+            raise DataError(f"the model's output {tuple(first.shape)} is not next-token logits over its "
+                            f"{eval_set.num_classes:,}-token vocabulary; --eval text scores causal LMs")
+        return eval_set
+
+    def eval_outputs(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int) -> TokenLogits:
+        return TokenLogits(self, model, eval_set, batch_size)
+
+    def score(self, outputs: TokenLogits, eval_set: EvalSet, reference: TokenLogits | None = None) -> dict[str, Any]:
+        """Perplexity and next-token top-1 over the positions with a next token and, given the original's
+        outputs, top-1 agreement and mean KL(original || this) per position.
+
+        Returns:
+            ``{"samples", "tokens", "perplexity", "accuracy", "agreement", "mean_kl"}`` (``tokens``: the
+            positions scored; the last two ``None`` without a reference).
+        """
+        import torch
+
+        nll = kl = 0.0
+        correct = agreed = count = samples = 0
+        references = reference.batches() if reference is not None else None
+        for start, logits in outputs.batches():
+            targets = eval_set.targets[start:start + len(logits)]
+            scored = targets != IGNORE
+            log_probs = torch.log_softmax(logits[:, :-1], dim=-1)
+            nll -= float(log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)[scored].double().sum())
+            predicted = log_probs.argmax(-1)
+            correct += int((predicted == targets)[scored].sum())
+            count += int(scored.sum())
+            samples += len(logits)
+            if references is not None:
+                _, original = next(references)
+                original = torch.log_softmax(original[:, :-1], dim=-1)
+                agreed += int((predicted == original.argmax(-1))[scored].sum())
+                kl += float((original.exp() * (original - log_probs)).sum(-1)[scored].double().sum())
+        return {"samples": samples, "tokens": count, "perplexity": math.exp(nll / count), "accuracy": correct / count,
+                "agreement": agreed / count if reference is not None else None,
+                "mean_kl": kl / count if reference is not None else None}
+
     def held_layers(self, model: nn.Module) -> dict[str, str]:
         from torch import nn
 
@@ -111,6 +182,57 @@ class TokenModel(ModelKind):
                 if isinstance(child, nn.Linear) and hidden in (child.in_features, child.out_features):
                     held[prefix + name] = ATTENTION_REASON
         return held
+
+
+class TokenLogits:
+    """A token model's logits on an eval set, computed a batch at a time each time they are read.
+
+    The logits of a whole text (blocks × length × vocabulary floats) do not fit in
+    memory, so they are never kept: :meth:`batches` runs the model, or the ONNX
+    file, again. The model is copied when this is made, so passes that later
+    change it in place do not change these outputs (the original's outputs stay
+    the reference that every stage is compared with).
+
+    Args:
+        kind: the token kind.
+        source: a PyTorch model, or the path of an ONNX file.
+        eval_set: the samples.
+        batch_size: blocks per forward pass, at most (fewer when their logits would pass
+            :data:`LOGITS_PER_BATCH` values).
+    """
+
+    def __init__(self, kind: TokenModel, source: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int):
+        import copy
+
+        self.kind = kind
+        self.source = source if isinstance(source, (str, os.PathLike)) else copy.deepcopy(source)
+        self.eval_set = eval_set
+        length = eval_set.targets.shape[1] + 1
+        self.batch_size = max(1, min(batch_size, LOGITS_PER_BATCH // (length * (eval_set.num_classes or 1))))
+
+    def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(first block's index, logits)`` per batch, float32 on the CPU."""
+        start = 0
+        for logits in output_batches(self.kind, self.source, self.eval_set, self.batch_size):
+            yield start, logits
+            start += len(logits)
+
+
+def token_inputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> ModelInputs:
+    """The call of ``model`` on token ids and their attention mask, as its ``forward`` accepts them.
+
+    Ids alone, positionally, for a forward without an ``input_ids`` keyword; keywords otherwise,
+    with ``use_cache=False`` where accepted (a cache object is no tensor to compare or export).
+    """
+    accepted = _keywords(model)
+    if "input_ids" not in accepted:
+        return ModelInputs((ids,), {}, ("input_ids",))
+    kwargs: dict[str, Any] = {"input_ids": ids}
+    if "attention_mask" in accepted:
+        kwargs["attention_mask"] = mask
+    if "use_cache" in accepted:
+        kwargs["use_cache"] = False
+    return ModelInputs((), kwargs, tuple(k for k in ("input_ids", "attention_mask") if k in kwargs))
 
 
 #: Probe results by model: the probe runs a forward pass, and kinds are asked for often.
