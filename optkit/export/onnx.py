@@ -236,7 +236,17 @@ def prepare_for_export(model: nn.Module) -> nn.Module:
         for hook in list(module._forward_pre_hooks.values()):
             if isinstance(hook, prune.BasePruningMethod):
                 prune.remove(module, hook._tensor_name)
+    _route_experts_exportably(prepared)
     return prepared.eval()
+
+
+def _route_experts_exportably(model: nn.Module) -> None:
+    """Mixture-of-experts layers of ``transformers`` models group tokens per expert by default with ``histc``,
+    which ONNX lacks; their ``batched_mm`` implementation gathers each token's expert weights instead, with the
+    same results (the verification below compares this copy with ONNX Runtime)."""
+    get = getattr(model, "get_experts_implementation", None)
+    if callable(get) and get().get("") not in (None, "eager", "batched_mm"):
+        model.set_experts_implementation("batched_mm")
 
 
 def _folded_copy(reference: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Module, str | None]:

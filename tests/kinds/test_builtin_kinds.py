@@ -91,7 +91,11 @@ def test_token_models_from_transformers_configs(model_class, tmp_path):
     embeddings_before = {n: s for n, s in _params(model, "").items() if "embed" in n}
     run, session = _pruned_and_exported(model, (1, 16), tmp_path)
     after = _params(run.model, "")
-    assert {n: after[n] for n in embeddings_before} == embeddings_before  # hidden size kept
+    # The hidden size is kept, or (in a class whose head width is hidden / heads, as BERT's) shrinks with
+    # the heads so that the head width stays; the embeddings follow it and nothing else of theirs changes.
+    new_hidden = run.model.config.hidden_size
+    assert new_hidden in (config.hidden_size, run.model.config.num_attention_heads * head_dim)
+    assert {n: after[n] for n in embeddings_before} == {n: (*s[:-1], new_hidden) for n, s in embeddings_before.items()}
     mlp_widths = [s[0] for n, s in after.items() if n.endswith(("intermediate.dense.weight", "up_proj.weight"))]
     assert mlp_widths and all(width < 160 for width in mlp_widths)
     # Heads go whole: every query/key projection is a multiple of the unchanged head size, consistent with the

@@ -80,16 +80,29 @@ def test_heads_keep_the_highest_norm_heads_and_reload(heads, kv, after, tmp_path
     generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
 
 
-def test_gpt2_conv1d_mlp_pruned_heads_refused_and_embeddings_stay_tied(tmp_path):
+def test_gpt2_heads_go_with_the_hidden_size_conv1d_mlp_pruned_and_embeddings_stay_tied(tmp_path):
     model = build("gpt2", n_embd=64, n_layer=2, n_head=4, n_inner=128)
     report = prune_transformer(model, heads_ratio=0.5, mlp_ratio=0.25)
 
-    # GPT-2's class derives the head width from the hidden size: fewer heads cannot be described.
-    assert model.config.n_head == 4 and len(report["skipped"]) == 1 and "heads 4->2" in report["skipped"][0]
-    assert model.config.n_inner == 96 and model.transformer.h[0].mlp.c_fc.weight.shape == (64, 96)
+    # GPT-2's class derives the head width from the hidden size, so fewer heads narrow the residual stream
+    # with them: 4 heads of 16 -> 2 heads of 16, hidden 64 -> 32, everywhere the stream is read or written.
+    assert report["skipped"] == []
+    assert (model.config.n_head, model.config.n_embd, model.config.n_inner) == (2, 32, 96)
+    assert model.transformer.wte.weight.shape == (model.config.vocab_size, 32)
+    assert model.transformer.h[0].attn.c_attn.weight.shape == (32, 3 * 32)
+    assert model.transformer.h[0].mlp.c_fc.weight.shape == (32, 96)
     loaded = reload_matches(model, AutoModelForCausalLM, tmp_path)
     assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
     generates(loaded)
+
+
+def test_gpt2_heads_refused_when_the_hidden_size_must_stay(tmp_path):
+    model = build("gpt2", n_embd=64, n_layer=2, n_head=4, n_inner=128)
+    report = prune_transformer(model, heads_ratio=0.5, mlp_ratio=0.25, hidden_ratio=0)
+
+    assert model.config.n_head == 4 and len(report["skipped"]) == 1 and "heads 4->2" in report["skipped"][0]
+    assert model.config.n_embd == 64 and model.config.n_inner == 96
+    generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
 
 
 def test_phi3_fused_qkv_and_gate_up(tmp_path):

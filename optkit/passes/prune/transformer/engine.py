@@ -1,23 +1,28 @@
-"""Prune a Hugging Face transformer to uniform widths (heads, MLP channels) and depth, in place.
+"""Prune a Hugging Face transformer to uniform widths (heads, MLP channels, hidden size) and depth, in place.
 
 Every change is tried against the stock class: after the weights are cut and the
 config updated, the class is built from the new config on the meta device and
 every parameter's name and shape must match; the fresh model's scalar module
 attributes (head counts, ``layer_idx``, ...) are copied over. A change the
 stock config cannot describe is undone and reported.
+
+Where the stock class derives the head width from ``hidden_size / num_heads``
+(fewer heads alone are refused), the hidden size shrinks with the heads so the
+head width stays (:mod:`.hidden`); elsewhere it shrinks only when asked.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from optkit.core.errors import OptkitError
-from optkit.passes.prune.transformer import depth
+from optkit.passes.prune.transformer import depth, hidden as hidden_size
 from optkit.passes.prune.transformer.importance import Activations, channel_scores, expert_scores, head_scores
 from optkit.passes.prune.transformer.parse import parse_block
 from optkit.passes.prune.transformer.structure import (
@@ -30,8 +35,8 @@ WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim", "encode
 
 def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: float = 0.0, drop_blocks: int = 0,
                       example_inputs: dict[str, Any] | None = None, activations: Activations = None,
-                      round_to: int = 8) -> dict[str, Any]:
-    """Remove attention heads, MLP channels and whole blocks so the stock class still describes the model.
+                      round_to: int = 8, hidden_ratio: float | None = None) -> dict[str, Any]:
+    """Remove attention heads, MLP channels, hidden channels and whole blocks; the stock class still describes it.
 
     Args:
         model: a Hugging Face model (has ``config``, blocks in a ``ModuleList``); changed in place.
@@ -45,18 +50,23 @@ def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: 
             (or images) sized from the config when omitted.
         activations: optional per-layer input-channel norms (layer name -> tensor) for
             activation-aware importance; weight L2 norms when omitted.
-        round_to: multiple the kept MLP width is rounded to.
+        round_to: multiple the kept MLP width (and a hidden size set by ``hidden_ratio``) is rounded to.
+        hidden_ratio: share of the residual stream's channels to remove. ``None`` (default): only
+            with the heads, in classes whose head width is ``hidden / heads`` (the hidden size then
+            shrinks in proportion, so the head width stays); ``0``: never, so such classes keep
+            their heads. In a class whose head width is free, a share prunes the stream on its own.
 
     Returns:
         ``{"before": {...}, "after": {...}, "dropped_blocks": [...], "skipped": [...]}``; the
-        summaries hold heads, kv_heads, intermediate widths, layers and params; each skipped
-        entry is one line naming a part left whole and why.
+        summaries hold heads, kv_heads, intermediate widths, hidden size, layers and params; each
+        skipped entry is one line naming a part left whole and why.
 
     Raises:
         OptkitError: a ratio outside [0, 1), a config without head counts, or a model
             whose blocks cannot be run on the example inputs.
     """
-    for name, value in (("heads_ratio", heads_ratio), ("mlp_ratio", mlp_ratio)):
+    ratios = (("heads_ratio", heads_ratio), ("mlp_ratio", mlp_ratio), ("hidden_ratio", hidden_ratio or 0.0))
+    for name, value in ratios:
         if not 0.0 <= value < 1.0:
             raise OptkitError(f"{name} must be in [0, 1), got {value}; pass a share of units to remove such as 0.25")
     config = model.config
@@ -71,10 +81,13 @@ def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: 
     before = _summary(model, [])
     dropped = depth.drop(model, drop_blocks, inputs, _commit) if drop_blocks else []
     blocks = _find(model, inputs, hidden, heads, skipped)
+    stream = _stream(blocks, hidden)
     if heads_ratio > 0:
-        _prune_heads(model, blocks, heads_ratio, activations, skipped)
+        _prune_heads(model, blocks, heads_ratio, activations, skipped, stream, hidden_ratio != 0)
     if mlp_ratio > 0:
         _prune_mlps(model, blocks, mlp_ratio, round_to, activations, skipped)
+    if hidden_ratio:
+        _prune_hidden(model, blocks, hidden, _kept_width(hidden, hidden_ratio, round_to), stream, skipped)
     with torch.no_grad():
         model(**inputs)
     model.train(was_training)
@@ -104,8 +117,19 @@ def _find(model: nn.Module, inputs: dict, hidden: int, heads: int, skipped: list
     return blocks
 
 
+def _stream(blocks: list[Block], hidden: int) -> list[torch.Tensor]:
+    """The residual stream entering each block: its first float input as wide as the hidden size."""
+    samples = []
+    for block in blocks:
+        args, kwargs = block.call or ((), {})
+        found = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                 and x.dim() >= 2 and x.shape[-1] == hidden]
+        samples += found[:1]
+    return samples
+
+
 def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activations: Activations,
-                 skipped: list[str]) -> None:
+                 skipped: list[str], stream: list[torch.Tensor], with_hidden: bool) -> None:
     attentions = [a for b in blocks for a in b.attentions]
     if not attentions:
         return
@@ -119,8 +143,9 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
                        f"of {kv if whole_groups else groups}; no head pruned")
         return
     new_kv, new_heads = (keep, keep * groups) if whole_groups else (kv, kv * keep)
+    hidden, head_dim = config_int(model.config, HIDDEN_FIELDS), attentions[0].head_dim
 
-    def cut() -> None:
+    def cut(new_hidden: int | None = None) -> None:
         for attention in attentions:
             group_score, q_score = head_scores(attention, activations)
             if whole_groups:
@@ -133,13 +158,49 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
         config = model.config
         _set_by_value(config, HEAD_FIELDS, heads, new_heads)
         _set_by_value(config, KV_FIELDS, kv, new_kv)
-        head_dim = attentions[0].head_dim
+        if new_hidden is not None:
+            hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS)
         if (getattr(config, "head_dim", None) or config_int(config, HIDDEN_FIELDS) // new_heads) != head_dim:
             config.head_dim = head_dim
 
-    if not _commit(model, cut, f"heads {heads}->{new_heads} (kv {kv}->{new_kv})", skipped):
-        for attention in attentions:
-            attention.heads, attention.kv_heads = heads, kv
+    what = f"heads {heads}->{new_heads} (kv {kv}->{new_kv})"
+    undo = _snapshot(blocks)
+    refusals: list[str] = []
+    if _commit(model, cut, what, refusals, undo):
+        return
+    if with_hidden and hidden == heads * head_dim:
+        # The stock class may derive the head width from hidden / heads: fewer heads then need a narrower stream.
+        new_hidden = new_heads * head_dim
+        if _commit(model, lambda: cut(new_hidden), f"{what} with hidden size {hidden}->{new_hidden}", refusals, undo):
+            return
+    skipped += refusals
+
+
+def _prune_hidden(model: nn.Module, blocks: list[Block], hidden: int, new_hidden: int, stream: list[torch.Tensor],
+                  skipped: list[str]) -> None:
+    current = config_int(model.config, HIDDEN_FIELDS)
+    if current != hidden:
+        skipped.append(f"hidden size: followed the heads ({hidden}->{current}), as this class's head width is "
+                       "hidden / heads; hidden_ratio was not applied on top")
+        return
+    _commit(model, lambda: hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS),
+            f"hidden size {hidden}->{new_hidden}", skipped, _snapshot(blocks))
+
+
+def _widths(blocks: list[Block]) -> list[int]:
+    return sorted({u.width for b in blocks for u in (*b.mlps, *b.experts)})
+
+
+def _snapshot(blocks: list[Block]) -> Callable[[], None]:
+    """A function that puts the units' recorded head counts and layer widths back (after a refused change)."""
+    objects = [o for b in blocks for a in b.attentions for o in (a, *a.layers())]
+    objects += [o for b in blocks for m in b.mlps for o in (m, *m.layers())]
+    saved = [(o, dict(vars(o))) for o in objects]
+
+    def undo() -> None:
+        for obj, state in saved:
+            vars(obj).update(state)
+    return undo
 
 
 def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: int, activations: Activations,
@@ -160,7 +221,7 @@ def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: i
         for old, kept in new.items():
             _set_by_value(model.config, WIDTH_FIELDS, old, kept, fill_none=True)
 
-    _commit(model, cut, "MLP widths " + ", ".join(f"{w}->{k}" for w, k in new.items()), skipped)
+    _commit(model, cut, "MLP widths " + ", ".join(f"{w}->{k}" for w, k in new.items()), skipped, _snapshot(blocks))
 
 
 def _kept_width(width: int, ratio: float, round_to: int) -> int:
@@ -180,23 +241,35 @@ def _set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_
         setattr(config, name, new)
 
 
-def _commit(model: nn.Module, change, what: str, skipped: list[str]) -> bool:
-    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees."""
-    saved_params = {(id(m), n): (m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)}
-    saved_config = copy.deepcopy(model.config.to_dict())
+def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: list[str],
+            undo: Callable[[], None] | None = None) -> bool:
+    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees.
+
+    Otherwise the parameters, buffers, block lists and config are put back, ``undo`` runs, and one line
+    saying why goes to ``skipped``.
+    """
+    saved_params = [(m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
+    saved_buffers = [(m, dict(m._buffers)) for m in model.modules()]
+    saved_config = copy.deepcopy(vars(model.config))
     saved_lists = {id(m): (m, list(m)) for m in model.modules() if isinstance(m, nn.ModuleList)}
-    change()
-    problem = _matches_stock(model)
+    try:
+        change()
+        problem = _matches_stock(model)
+    except hidden_size.Refused as refusal:
+        problem = str(refusal)
     if problem is None:
         return True
-    for owner, name, param in saved_params.values():
+    for owner, name, param in saved_params:
         setattr(owner, name, param)
+    for owner, buffers in saved_buffers:
+        owner._buffers.update(buffers)
     for module_list, items in saved_lists.values():
         module_list._modules.clear()
         module_list.extend(items)
-    for key, value in saved_config.items():
-        if hasattr(model.config, key):
-            setattr(model.config, key, value)
+    vars(model.config).clear()
+    vars(model.config).update(saved_config)
+    if undo is not None:
+        undo()
     skipped.append(f"{what}: not done, the stock class cannot describe it ({problem})")
     return False
 
@@ -222,10 +295,17 @@ def _matches_stock(model: nn.Module) -> str | None:
             continue
         for key, value in vars(module).items():
             theirs_value = vars(other).get(key)
-            if (not key.startswith("_") and key != "training" and isinstance(value, int | float | str)
+            if (not key.startswith("_") and key != "training" and _is_setting(value)
                     and type(theirs_value) is type(value) and theirs_value != value):
                 setattr(module, key, theirs_value)
+    hidden_size.refresh_derived_buffers(model)
     return None
+
+
+def _is_setting(value: Any) -> bool:
+    """A scalar or a tuple of scalars (a norm's ``normalized_shape``): a size or setting the class derives."""
+    items = value if isinstance(value, tuple) else (value,)
+    return all(isinstance(v, int | float | str) for v in items)
 
 
 def _default_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -253,6 +333,7 @@ def _summary(model: nn.Module, blocks: list[Block]) -> dict[str, Any]:
         "heads": heads,
         "kv_heads": config_int(config, KV_FIELDS) or heads,
         "intermediate": widths or [w for n in WIDTH_FIELDS if isinstance(w := getattr(config, n, None), int)],
+        "hidden": config_int(config, HIDDEN_FIELDS),
         "layers": config_int(config, LAYER_FIELDS),
         "params": sum(p.numel() for p in model.parameters()),
         "attention_units": len(attentions),
