@@ -145,22 +145,27 @@ def pass_entries_from_flags(flags: dict[str, Any], generic: tuple[str, ...] = ()
 
 
 def _interleave_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """With a training pass, ``iterative_steps = K`` becomes K prune steps, each followed by the recovery passes.
+    """With a training pass, the one entry whose pass splits it for training becomes its parts, each followed by
+    the recovery passes (those up to the training stage).
 
-    Each step removes the same fraction of what is left, so the steps compound to the asked ratio.
+    A pass class says how its entry splits with ``split_for_training(entry)`` (``structured_prune``:
+    ``iterative_steps`` prunes whose ratios compound to its ratio); nothing here knows a pass's settings.
     """
     from optkit.core.contract import Stage
 
     stages = {e["name"]: _CLASSES[e["name"]].stage if e["name"] in _CLASSES else Stage.TRANSFORM for e in entries}
-    steps = [e for e in entries if e.get("iterative_steps", 1) > 1 and "ratio" in e]
-    if len(steps) != 1 or not any(stages[e["name"]] == Stage.TRAIN for e in entries):
+    splits = [(e, parts) for e in entries if len(parts := _split_for_training(e)) > 1]
+    if len(splits) != 1 or not any(stages[e["name"]] == Stage.TRAIN for e in entries):
         return entries
-    prune = steps[0]
-    count = prune["iterative_steps"]
-    step = {k: v for k, v in prune.items() if k != "iterative_steps"}
-    step["ratio"] = 1.0 - (1.0 - prune["ratio"]) ** (1.0 / count)
-    position = entries.index(prune)
+    entry, parts = splits[0]
+    position = entries.index(entry)
     recover = [e for e in entries[position + 1:] if stages[e["name"]] <= Stage.TRAIN]
     rest = [e for e in entries[position + 1:] if stages[e["name"]] > Stage.TRAIN]
-    repeated = [dict(e) for _ in range(count) for e in (step, *recover)]
+    repeated = [dict(e) for part in parts for e in (part, *recover)]
     return entries[:position] + repeated + rest
+
+
+def _split_for_training(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entries a pass runs in place of ``entry`` with a training pass after each (a pass class may say)."""
+    split = getattr(_CLASSES.get(entry["name"]), "split_for_training", None)
+    return split(entry) if split is not None else [entry]

@@ -1,4 +1,4 @@
-"""Structured pruning to a measured latency target (``StructuredPrune(target_latency=...)``).
+"""The latency target's handler: prune to a measured latency fraction (``StructuredPrune(target_latency=...)``).
 
 A per-layer latency table (:mod:`optkit.passes.prune.latency_table`) predicts how
 long the conv/linear layers take at any channel counts. Three proposals turn
@@ -9,9 +9,9 @@ an *aim* into a pruned model:
   magnitude, normalized per group as torch-pruning's
   ``GroupMagnitudeImportance``) per predicted millisecond saved, until the
   predicted fraction of the original's latency is at most the aim;
-- ``macs``: the MACs-target path (``StructuredPrune(target_macs=aim)``, every
-  group cut alike), the aim being a MACs fraction, at the chosen ``round_to``
-  (never refined: finer counts run slower);
+- ``macs``: the MACs-target search (:class:`~optkit.passes.prune.targets.MacsTarget`,
+  every group cut alike), the aim being a MACs fraction, at the chosen
+  ``round_to`` (never refined: finer counts run slower);
 - ``blend``: per group, halfway between ``importance`` and every group keeping
   the same fraction of its channels at the same predicted latency.
 
@@ -32,14 +32,15 @@ breaks near-ties); when none is within, the one measured closest.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
+from optkit.core.contract import PassResult
 from optkit.passes.prune.allocation import MIN_KEEP, next_aim, shrink
+from optkit.passes.prune.channels import PruneSpec, prune_to
 from optkit.passes.prune.groups import Group, layer_widths, prunable_groups, ratios_for
+from optkit.passes.prune.targets import LatencyTarget, MacsTarget, handles
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,10 +59,9 @@ MAX_MACS_AIM = 0.99
 MACS_SEARCH_KEYS = ("target", "target_fraction", "achieved_fraction", "ratio", "tries")
 
 
-def search(settings: Pass, model: nn.Module) -> PassResult:
-    """Prune a copy of ``model`` until its measured ONNX Runtime latency is ``settings.target_latency`` of the original.
-
-    ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass.
+@handles(LatencyTarget)
+def search(target: LatencyTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
+    """Prune a copy of ``model`` until its measured ONNX Runtime latency is ``target.fraction`` of the original.
 
     Returns:
         the pruned copy, with details: ``target_latency``, ``proposal`` (which one was kept),
@@ -70,42 +70,39 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
         timed: proposal, aim, predicted, measured and MACs fractions, importance removed, and the two
         ``timings`` of those timed again) and the kept prune's details.
     """
-    from optkit.passes.prune.latency_table import build_table, predict
     from optkit.analysis.metrics import count_macs
+    from optkit.passes.prune.latency_table import build_table, predict
     from optkit.passes.prune.target import search as macs_search
 
-    shape = tuple(settings.input_shape or DEFAULT_INPUT_SHAPE)
-    timed_shape = (settings.latency_batch, *shape[1:])
-    threads = settings.latency_threads or os.cpu_count() or 1
-    target = settings.target_latency
-    table = build_table(model, shape, threads=threads, batch=settings.latency_batch)
-    groups = prunable_groups(settings, model)
-    details: dict[str, Any] = {"target_latency": target, "lut": dict(table.cost)}
-    if settings.round_to == "auto":
-        scores = {r: _ms_per_mac(table, groups, _greedy(table, groups, target, r)) for r in AUTO_ROUND_TO}
+    shape = spec.input_shape
+    timed_shape = (target.batch, *shape[1:])
+    threads = target.threads or os.cpu_count() or 1
+    goal = target.fraction
+    table = build_table(model, shape, threads=threads, batch=target.batch)
+    groups = prunable_groups(spec, model)
+    details: dict[str, Any] = {"target_latency": goal, "lut": dict(table.cost)}
+    if target.round_to is None:
+        scores = {r: _ms_per_mac(table, groups, _greedy(table, groups, goal, r)) for r in AUTO_ROUND_TO}
         round_to = min(scores, key=scores.get)
         details["round_to_scores"] = {str(r): s for r, s in scores.items()}
     else:
-        round_to = settings.round_to
+        round_to = target.round_to
     macs_before = count_macs(model, shape)
     predicted_before = predict(table)
 
     def propose(kind: str, aim: float) -> tuple[nn.Module, dict[str, Any]]:
         if kind == "macs":
-            run = dataclasses.replace(settings, target_latency=None, target_macs=min(aim, MAX_MACS_AIM),
-                                      round_to=round_to)
-            result = macs_search(run, copy.deepcopy(model), refine_round_to=False)
+            macs = MacsTarget(min(aim, MAX_MACS_AIM), target.tolerance, round_to)
+            result = macs_search(macs, spec, copy.deepcopy(model), refine_round_to=False)
             return result.model, {k: v for k, v in result.details.items() if k not in MACS_SEARCH_KEYS}
         kept = _allocate(kind, table, groups, aim, round_to)
         candidate = copy.deepcopy(model)
-        run = dataclasses.replace(settings, target_latency=None, ratio=0.0, allocation="uniform",
-                                  layer_ratios=ratios_for(groups, kept) or None, round_to=round_to)
-        return candidate, run.prune(candidate, 0.0)
+        return candidate, prune_to(candidate, spec, spec.per_group(ratios_for(groups, kept), round_to))
 
     tries: list[dict[str, Any]] = []
     files: list[str] = []
     timed: list[tuple[int, ...]] = []
-    aims = {kind: target for kind in PROPOSALS}
+    aims = {kind: goal for kind in PROPOSALS}
     with tempfile.TemporaryDirectory(prefix="optkit-latency-") as folder:
         original = _export(model, folder, "original", timed_shape)
         for attempt in range(MAX_RETRIES + 1):
@@ -129,29 +126,29 @@ def search(settings: Pass, model: nn.Module) -> PassResult:
             tries += batch
             files += paths
             aims = {kind: next_aim([(t["macs_fraction" if kind == "macs" else "predicted_fraction"],
-                                     t["measured_fraction"]) for t in tries if t["proposal"] == kind], target)
-                    for kind in aims if not _landed(tries, kind, target)}
+                                     t["measured_fraction"]) for t in tries if t["proposal"] == kind], goal)
+                    for kind in aims if not _landed(tries, kind, goal)}
             if not aims:
                 break
-        finalists = _finalists(tries, target)
+        finalists = _finalists(tries, goal)
         again = _measured_fractions(original, [files[i] for i in finalists], timed_shape, threads)
         for i, fraction in zip(finalists, again):
             first = tries[i]["measured_fraction"]
             tries[i].update(timings=[first, round(fraction, 4)], measured_fraction=round((first + fraction) / 2, 4))
-    best = _choose(tries, target)
+    best = _choose(tries, goal)
     pruned_model, prune_details = propose(best["proposal"], best["aim"])
     details.update(prune_details)
     details.update({"proposal": best["proposal"], "predicted_fraction": best["predicted_fraction"],
                     "measured_fraction": best["measured_fraction"],
                     "macs_fraction": round(count_macs(pruned_model, shape) / macs_before, 4),
                     "round_to": round_to, "threads": threads,
-                    "batch": settings.latency_batch, "tries": tries})
+                    "batch": target.batch, "tries": tries})
     notes = details.setdefault("notes", [])
     notes.append(f"structured_prune: latency {best['measured_fraction']:.3f} of the original measured "
-                 f"({threads} threads, batch {settings.latency_batch}; predicted {best['predicted_fraction']:.3f}), "
+                 f"({threads} threads, batch {target.batch}; predicted {best['predicted_fraction']:.3f}), "
                  f"MACs {details['macs_fraction']:.3f}, by the {best['proposal']} proposal, best of {len(tries)} timed")
-    if abs(best["measured_fraction"] - target) > LATENCY_TOLERANCE:
-        notes.append(f"structured_prune: asked latency {target:g} of the original, measured "
+    if abs(best["measured_fraction"] - goal) > LATENCY_TOLERANCE:
+        notes.append(f"structured_prune: asked latency {goal:g} of the original, measured "
                      f"{best['measured_fraction']:.3f} (closest of {len(tries)} tries)")
     return PassResult(pruned_model, details)
 

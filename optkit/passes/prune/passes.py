@@ -6,7 +6,10 @@ dependency graph, so the model gets smaller and faster. Architectures that
 torch-pruning does not follow on its own (attention heads, bare parameters,
 window attention, channel shuffle) get help from :mod:`optkit.passes.prune.arch`,
 and the groups it still breaks on are found and held by
-:mod:`optkit.passes.prune.fallback`.
+:mod:`optkit.passes.prune.fallback`. What a structured prune aims at (a ratio,
+a MACs, parameter or latency fraction, a sensitivity allocation) is a typed
+target from :mod:`optkit.passes.prune.targets`, reached by its registered
+handler through :func:`optkit.passes.prune.channels.prune_to`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from optkit.core.settings import calib_data_setting, setting, shared_setting
 if TYPE_CHECKING:
     from torch import nn
 
-STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random")
+    from optkit.passes.prune.channels import PruneSpec
+    from optkit.passes.prune.sensitivity import Sensitivity
+
+STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random", "activation")
 ALLOCATIONS = ("uniform", "global", "sensitivity")
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_ROUND_TO = 16
@@ -96,7 +102,9 @@ class StructuredPrune(Pass):
                                   "picks 4, 8, 16 or 32 by the latency table.", low=1, also=("auto",),
                                   flag="round-to", metavar="auto|N")
     importance: str = setting("l1", help="How channels are ranked: l1, l2, taylor (gradient x weight; needs data), "
-                              "bn_scale, or random (a baseline).", choices=STRUCTURED_IMPORTANCE, flag="importance")
+                              "bn_scale, random (a baseline), or activation (a transformer's heads and MLP channels "
+                              "by weight x input activation norm on calibration text; needs data).",
+                              choices=STRUCTURED_IMPORTANCE, flag="importance")
     allocation: str = setting("uniform", help="How the reduction is spread over layers: uniform (every group "
                               "loses the same fraction), global (channels ranked across all groups), or "
                               "sensitivity (per-group ratios from measured accuracy curves, least predicted "
@@ -138,10 +146,13 @@ class StructuredPrune(Pass):
                                     "its outputs; detection and segmentation models default to their backbone.")
     data: str | None = calib_data_setting(help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for taylor "
                                           "importance and sensitivity allocation.")
-    bias_correction: bool = setting(True, help="Give back the expected contribution of removed channels that come "
-                                    "out of a BatchNorm (estimated from its weight and bias, no data needed) to the "
-                                    "layers that read them, so the model works better straight after pruning.")
-    calibration_batches: int = setting(4, help="How many batches taylor importance uses.", low=1)
+    bias_correction: bool = setting(True, help="Give back what removed channels contributed, so the model works "
+                                    "better straight after pruning: for channels that come out of a BatchNorm, their "
+                                    "expected contribution (from its weight and bias, no data needed); in a "
+                                    "transformer given calibration text, a least-squares refit of the layers that "
+                                    "read removed heads or MLP channels.")
+    calibration_batches: int = setting(4, help="How many batches of data taylor importance, activation importance "
+                                       "and a transformer's refit use.", low=1)
     batch_size: int = setting(16, help="Batch size when reading data.", low=1)
     calibration: Any = setting(None, help="Python only: (inputs, targets) batches for taylor importance.",
                                recipe=False, compare=False, repr=False)
@@ -157,198 +168,98 @@ class StructuredPrune(Pass):
         if self.allocation == "sensitivity" and (self.target_macs is None or self.data is None):
             raise ValueError("allocation 'sensitivity' needs target_macs (the MACs fraction to reach) and data "
                              "(a dataset spec whose val split scores each group)")
-        if self.importance == "taylor" and self.data is None and self.calibration is None:
-            raise ValueError("importance 'taylor' needs data: set data (a dataset spec) or calibration (batches)")
+        if self.importance in ("taylor", "activation") and self.data is None and self.calibration is None:
+            raise ValueError(f"importance {self.importance!r} needs data: set data (a dataset spec) or calibration "
+                             "(batches)")
 
     def apply(self, model: nn.Module) -> PassResult:
-        from optkit.passes.prune import latency_target as _latency_target
-        from optkit.passes.prune import sensitivity_target as _sensitivity_target
-        from optkit.passes.prune import target as _prune_target
+        # Importing the handlers' modules registers them with the targets they reach.
+        from optkit.passes.prune import latency_target, sensitivity_target, target  # noqa: F401
+        from optkit.passes.prune.targets import reach
 
-        if self.target_latency is not None:
-            return _latency_target.search(self, model)
-        if self.allocation == "sensitivity":
-            return _sensitivity_target.search(self, model)
-        if self.target_macs is None and self.target_params is None:
-            return PassResult(model, self.prune(model, self.ratio))
-        return _prune_target.search(self, model)
+        return reach(self.target(model), self.spec(), model)
 
-    def prune(self, model: nn.Module, ratio: float) -> dict[str, Any]:
-        """Prune ``model`` at ``ratio`` with this pass's other settings, never leaving it half-changed.
+    def target(self, model: nn.Module, sensitivity: Sensitivity | None = None) -> Any:
+        """The target these settings ask for, as a typed config from :mod:`optkit.passes.prune.targets`.
 
-        A deep copy is pruned and checked (forward, backward, same output
-        shapes); dependency groups that break it, raise or do not finish in
-        ``group_timeout_s`` are found by the fallback search and held at full
-        width. The checked copy's state is then moved into ``model``. When
-        nothing can be pruned, ``model`` is left exactly as it was.
+        The one place the target settings are read: ``target_latency``, else sensitivity
+        allocation, else ``target_macs`` or ``target_params``, else ``ratio``.
+
+        Args:
+            model: the model (sensitivity allocation measures its curves on it).
+            sensitivity: curves already measured for ``model``, used instead of measuring.
 
         Returns:
-            details for the report: ``skipped_layers`` (name -> reason),
-            ``pruned_layers`` (count), ``held_layers`` (group roots the
-            fallback held -> the error they caused), ``fallback`` (its cost:
-            ``trials``, ``seconds``), and ``shortfall`` (one line) when less
-            than asked was reachable.
+            a :class:`~optkit.passes.prune.targets.RatioTarget`, ``MacsTarget``, ``ParamsTarget``,
+            ``LatencyTarget`` or ``SensitivityTarget``.
+        """
+        from optkit.passes.prune import targets
+
+        if self.target_latency is not None:
+            round_to = None if self.round_to == "auto" else self.round_to
+            return targets.LatencyTarget(self.target_latency, self.target_tolerance, self.latency_threads,
+                                         self.latency_batch, round_to)
+        if self.allocation == "sensitivity":
+            if sensitivity is None:
+                from optkit.passes.prune.sensitivity import SensitivitySettings, analyze
+
+                sensitivity = analyze(model, SensitivitySettings(data=self.data), self)
+            return targets.SensitivityTarget(self.target_macs, self.target_tolerance, self.round_to, sensitivity)
+        if self.target_macs is not None:
+            return targets.MacsTarget(self.target_macs, self.target_tolerance, self.round_to)
+        if self.target_params is not None:
+            return targets.ParamsTarget(self.target_params, self.target_tolerance, self.round_to)
+        return targets.RatioTarget(self.ratio, self.round_to)
+
+    def spec(self) -> PruneSpec:
+        """How these settings choose and remove channels, whatever the target (see :class:`PruneSpec`)."""
+        from optkit.passes.prune.channels import PruneSpec
+
+        return PruneSpec(
+            input_shape=tuple(self.input_shape or DEFAULT_INPUT_SHAPE), importance=self.importance,
+            global_=self.allocation == "global", steps=self.iterative_steps, layer_ratios=self.layer_ratios,
+            ignored_layers=self.ignored_layers, submodule=self.submodule, bias_correction=self.bias_correction,
+            drop_blocks=self.drop_blocks, timeout_s=self.timeout_s, group_timeout_s=self.group_timeout_s,
+            fallback_budget_s=self.fallback_budget_s, fallback_trials=self.fallback_trials, data=self.data,
+            calibration=self.calibration, calibration_batches=self.calibration_batches, batch_size=self.batch_size)
+
+    def prune(self, model: nn.Module, ratio: float) -> dict[str, Any]:
+        """Prune ``model`` in place at ``ratio`` with this pass's other settings, ignoring its targets.
+
+        Returns:
+            the details of :func:`optkit.passes.prune.channels.prune_to`.
 
         Raises:
             ValueError: for a layer pattern or sub-module that matches nothing.
         """
-        from optkit.analysis.metrics import count_macs
-        from optkit.kinds import example_inputs
-        from optkit.passes.prune import engine as _engine
-        from optkit.passes.prune.transformer import describes_transformer
+        from optkit.passes.prune.channels import prune_to
 
-        if self.submodule is None and describes_transformer(model):
-            return self._prune_transformer(model, ratio)
-        if self.drop_blocks:
-            raise ValueError("drop_blocks removes blocks of a Hugging Face transformer (a model with a config and "
-                             "repeated blocks); this model is not one")
-        from optkit.passes.prune import fallback as _fallback
-        from optkit.passes.prune import limits as _limits
-
-        shape = self.input_shape or DEFAULT_INPUT_SHAPE
-        root, inputs, submodule = self._root_and_inputs(model)
-        held, overrides = _engine.user_choices(root, self.ignored_layers, self.layer_ratios)
-        held.update(_kind_held(model, root, held))
-        names = {module: name for name, module in root.named_modules()}
-        job = _fallback.Job(
-            model=model, root_name=submodule or "", model_inputs=example_inputs(model, shape), root_inputs=inputs,
-            options=_engine.Options(_importance(self.importance), ratio, self.allocation == "global",
-                                    self.iterative_steps, self.round_to, self.bias_correction),
-            held={names[m]: reason for m, reason in held.items()},
-            overrides={names[m]: value for m, value in overrides.items()}, submodule=submodule,
-            before_step=self._taylor_gradients() if self.importance == "taylor" else None,
-            attempt_limit_s=self.timeout_s or None, group_limit_s=self.group_timeout_s or None,
-            budget_s=self.fallback_budget_s, max_trials=self.fallback_trials)
-        outcome = _fallback.prune_verified(job)
-        details: dict[str, Any] = {"ratio": ratio}
-        if outcome.model is None:
-            details.update(pruned_layers=0, skipped_layers={n: outcome.error for n in _conv_linear_names(root)},
-                           shortfall=f"nothing pruned: {outcome.error}; the model is unchanged. Hold the blocks "
-                                     "named in the error with ignored_layers, or raise timeout_s")
-        else:
-            macs_before = count_macs(model, shape) if outcome.held else None
-            _adopt(model, outcome.model)
-            root = model.get_submodule(submodule) if submodule else model
-            details.update(pruned_layers=sum(1 for n in _conv_linear_names(root) if n not in outcome.skipped),
-                           skipped_layers=outcome.skipped)
-            if outcome.held:
-                achieved = count_macs(model, shape) / macs_before
-                details["held_layers"] = outcome.held
-                count = f"{len(outcome.held)} layer{'s' if len(outcome.held) > 1 else ''}"
-                details["shortfall"] = (f"asked {ratio:g} per group, achieved MACs {achieved:.2f}; "
-                                        f"{count} held, see held_layers")
-        details["fallback"] = {"trials": outcome.trials, "seconds": outcome.seconds}
-        if "shortfall" in details:
-            details["notes"] = [f"structured_prune {details['shortfall']} (fallback search: {outcome.trials} "
-                                f"trial prune(s), {outcome.seconds:.1f} s)"]
-        if submodule:
-            details["submodule"] = submodule
-        if self.timeout_s and not _limits.limit_available():
-            details["time_limit"] = "not enforced (SIGALRM needs the main thread)"
-        return details
-
-    def _prune_transformer(self, model: nn.Module, ratio: float) -> dict[str, Any]:
-        """Whole heads (KV groups kept whole), MLP channels and blocks, uniform across blocks, config updated.
-
-        The stock ``transformers`` class still describes the result, so it is
-        saved with ``save_pretrained`` and reloads with ``from_pretrained``.
-        """
-        from optkit.kinds import example_inputs
-        from optkit.passes.prune.transformer import prune_transformer
-
-        unsupported = [name for name, value in (("ignored_layers", self.ignored_layers),
-                                                ("layer_ratios", self.layer_ratios),
-                                                ("allocation", self.allocation != "uniform"),
-                                                ("importance", self.importance != "l1"),
-                                                ("iterative_steps", self.iterative_steps != 1)) if value]
-        if unsupported:
-            raise ValueError(f"{', '.join(unsupported)} apply to channel pruning with torch-pruning; a transformer's "
-                             "heads, MLP channels and blocks are pruned uniformly by weight norm: leave them at "
-                             "their defaults (or set submodule to prune a part of it channel by channel)")
-        inputs = example_inputs(model, self.input_shape or DEFAULT_INPUT_SHAPE)
-        keywords = dict(inputs.kwargs) or {getattr(model, "main_input_name", "input"): inputs.first()}
-        keywords.pop("use_cache", None)
-        round_to = self.round_to if isinstance(self.round_to, int) else 8
-        result = prune_transformer(model, heads_ratio=ratio, mlp_ratio=ratio, drop_blocks=self.drop_blocks,
-                                   example_inputs=keywords, round_to=round_to)
-        before, after = result["before"], result["after"]
-        notes = [f"structured_prune {line}" for line in result["skipped"]]
-        if before["heads"] and after["heads"] != before["heads"]:
-            removed = 1 - after["heads"] / before["heads"]
-            if abs(removed - ratio) > 0.05:
-                notes.append(f"structured_prune removed {before['heads'] - after['heads']} of {before['heads']} "
-                             f"attention heads ({removed:.2f}, asked {ratio:g}): heads go in whole key/value groups "
-                             f"({before['kv_heads']} here), so the share was rounded")
-        return {"ratio": ratio, "transformer": result, "pruned_layers": after["attention_units"],
-                "skipped_layers": {}, "notes": notes}
+        spec = self.spec()
+        return prune_to(model, spec, spec.uniform(ratio, self.round_to))
 
     def _root_and_inputs(self, model: nn.Module) -> tuple[nn.Module, Any, str | None]:
-        import torch
+        # groups.prunable_groups calls this on the pass sensitivity.analyze gives it.
+        return self.spec().root_and_inputs(model)
 
-        from optkit.analysis.metrics import eval_mode
-        from optkit.kinds import call_with, example_inputs, kind_of
+    @classmethod
+    def split_for_training(cls, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        """This pass's recipe entry as the prunes to run with a training pass after each.
 
-        inputs = example_inputs(model, self.input_shape or DEFAULT_INPUT_SHAPE)
-        submodule = self.submodule if self.submodule is not None else kind_of(model).prune_root(model)
-        if not submodule:
-            return model, inputs, None
-        try:
-            root = model.get_submodule(submodule)
-        except AttributeError as e:
-            raise ValueError(f"submodule {submodule!r} is not a module of {type(model).__name__}") from e
-        captured: list = []
-        hook = root.register_forward_pre_hook(lambda module, args: captured.append(args))
-        try:
-            with eval_mode(model), torch.no_grad():
-                call_with(model, inputs)
-        finally:
-            hook.remove()
-        if not captured:
-            raise ValueError(f"submodule {submodule!r} does not run in a forward pass at input_shape {self.input_shape}")
-        args = captured[0]
-        return root, args[0] if len(args) == 1 else list(args), submodule
+        With ``iterative_steps = K`` and a ratio, K entries that each remove the same
+        fraction of what is left, compounding to the ratio; otherwise the entry itself.
 
-    def _taylor_gradients(self):
-        batches = self.calibration if self.calibration is not None else _data_batches(self)
+        Args:
+            entry: a ``[[pass]]`` entry of this pass.
 
-        def accumulate(model: nn.Module) -> None:
-            import torch
-            import torch.nn.functional as F
-
-            from optkit.analysis.metrics import model_device
-
-            device = model_device(model)
-            model.zero_grad(set_to_none=True)
-            seen = 0
-            with torch.enable_grad():
-                for batch in batches:
-                    if seen >= self.calibration_batches:
-                        break
-                    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-                        raise ValueError("taylor importance needs (inputs, targets) batches")
-                    inputs, targets = batch[0].to(device), batch[1].to(device)
-                    F.cross_entropy(model(inputs), targets).backward()
-                    seen += 1
-            if not seen:
-                raise ValueError("taylor importance got no calibration batches")
-
-        return accumulate
-
-
-def _kind_held(model: nn.Module, root: nn.Module, held: dict[Any, str]) -> dict[Any, str]:
-    """The layers of ``root`` that the model's kind keeps at full width (see :meth:`ModelKind.held_layers`)."""
-    from optkit.kinds import kind_of
-
-    inside = set(root.modules())
-    modules = dict(model.named_modules())
-    return {modules[name]: reason for name, reason in kind_of(model).held_layers(model).items()
-            if modules[name] in inside and modules[name] not in held}
-
-
-def _adopt(model: nn.Module, pruned: nn.Module) -> None:
-    # The caller keeps its model object; it takes the pruned copy's modules and attributes.
-    model.__dict__.clear()
-    model.__dict__.update(pruned.__dict__)
+        Returns:
+            the entries to run in its place, in order.
+        """
+        count = entry.get("iterative_steps", 1)
+        if count <= 1 or "ratio" not in entry:
+            return [entry]
+        step = {k: v for k, v in entry.items() if k != "iterative_steps"}
+        step["ratio"] = 1.0 - (1.0 - entry["ratio"]) ** (1.0 / count)
+        return [dict(step) for _ in range(count)]
 
 
 def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_SHAPE, *,
@@ -367,38 +278,8 @@ def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_
         ``{layer name: reason}``; layer names are relative to the pruned
         sub-module (``backbone`` for detection/segmentation models).
     """
-    from optkit.passes.prune import engine as _prune_structured
+    from optkit.passes.prune import channels
 
     settings = StructuredPrune(input_shape=tuple(input_shape), ignored_layers=tuple(ignored_layers), round_to=round_to)
-    root, inputs, submodule = settings._root_and_inputs(model)
-    held, _ = _prune_structured.user_choices(root, settings.ignored_layers, None)
-    held.update(_kind_held(model, root, held))
-    options = _prune_structured.Options(_importance("l1"), settings.ratio, False, 1, round_to)
-    return _prune_structured.prune_tree(root, inputs, options, held, {}, submodule=submodule, dry_run=True)
-
-
-def _conv_linear_names(root: nn.Module) -> list[str]:
-    from optkit.analysis.metrics import prunable_weights
-
-    return [name for name, _ in prunable_weights(root)]
-
-
-def _data_batches(settings: StructuredPrune):
-    from optkit.data import load_dataset, make_loader
-
-    dataset = load_dataset(settings.data, "train", augment=False)
-    return make_loader(dataset, settings.batch_size, shuffle=True, num_workers=0, seed=0)
-
-
-def _importance(kind: str):
-    import torch_pruning as tp
-
-    if kind == "l1":
-        return tp.importance.GroupMagnitudeImportance(p=1)
-    if kind == "l2":
-        return tp.importance.GroupMagnitudeImportance(p=2)
-    if kind == "taylor":
-        return tp.importance.GroupTaylorImportance()
-    if kind == "bn_scale":
-        return tp.importance.BNScaleImportance()
-    return tp.importance.RandomImportance()
+    spec = settings.spec()
+    return channels.skipped_layers(model, spec, spec.uniform(settings.ratio, round_to))

@@ -1,4 +1,4 @@
-"""Sensitivity allocation: reach a MACs target with the least loss predicted by per-group curves.
+"""The sensitivity target's handler: reach a MACs fraction with the least loss predicted by per-group curves.
 
 :func:`optkit.passes.prune.sensitivity.analyze` measures (or reads from its cache)
 what pruning each group alone costs. Starting from the full model, channels
@@ -6,8 +6,7 @@ go ``round_to`` at a time from the group whose next step adds the least
 predicted loss per MAC saved (losses interpolated linearly between measured
 ratios, never beyond the largest one measured; MACs from each conv/linear
 layer's widths), until the predicted MACs reach the target. The resulting
-per-group ratios are pruned by the ordinary
-:class:`~optkit.passes.prune.passes.StructuredPrune` machinery; the achieved
+per-group widths are pruned by :func:`~optkit.passes.prune.channels.prune_to`; the achieved
 MACs fraction corrects the aim (at most
 :data:`~optkit.passes.prune.allocation.MAX_CORRECTIONS` times) until it is
 within ``target_tolerance``.
@@ -22,13 +21,14 @@ subset, and keeps the one with the least measured loss.
 from __future__ import annotations
 
 import copy
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
+from optkit.core.contract import PassResult
 from optkit.passes.prune.allocation import MAX_CORRECTIONS, next_aim, shrink
+from optkit.passes.prune.channels import PruneSpec, prune_to
 from optkit.passes.prune.groups import ratios_for
 from optkit.passes.prune.target import target_notes
+from optkit.passes.prune.targets import SensitivityTarget, handles, reach
 
 if TYPE_CHECKING:
     from torch import nn
@@ -39,20 +39,18 @@ if TYPE_CHECKING:
 SPREADS = (0.0, 0.25, 0.5, 0.75)
 
 
-def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = None) -> PassResult:
-    """Prune a copy of ``model`` to ``settings.target_macs`` with per-group ratios chosen by sensitivity.
+@handles(SensitivityTarget)
+def allocate_by_sensitivity(target: SensitivityTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
+    """Prune a copy of ``model`` to ``target.fraction`` of its MACs with per-group ratios chosen by sensitivity.
 
-    ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass; ``sensitivity`` an
-    analysis already made for it (default: :func:`~optkit.passes.prune.sensitivity.analyze` with default
-    :class:`~optkit.passes.prune.sensitivity.SensitivitySettings` on ``settings.data``).
-
-    The curves predict each group's loss alone; pruned together, far, the groups' errors compound,
-    and an allocation that concentrates the cut can do worse than its prediction. So one
-    allocation is made per :data:`SPREADS` value (how much of the loss is a penalty on uneven
-    cuts: 0 is the curves alone), each pruned copy is scored on the analysis's subset as pruned
-    and recalibrated, and the one with the least measured loss is kept (each state's loss over
-    its total among the candidates, as the points' are). An analysis made by hand, which cannot
-    score models, gives the first candidate.
+    The curves (``target.sensitivity``) predict each group's loss alone; pruned together, far, the
+    groups' errors compound, and an allocation that concentrates the cut can do worse than its
+    prediction. So one allocation is made per :data:`SPREADS` value (how much of the loss is a
+    penalty on uneven cuts: 0 is the curves alone), each pruned copy is scored on the analysis's
+    subset as pruned and recalibrated, and the one with the least measured loss is kept (each
+    state's loss over its total among the candidates, as the points' are). An analysis made by
+    hand, which cannot score models, gives the first candidate. Copies are pruned in one step, as
+    the curves were measured.
 
     Returns:
         the pruned copy, with details: ``allocation``, ``target_fraction``, ``achieved_fraction``,
@@ -61,24 +59,18 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
         ``sensitivity`` (its cost and unmeasured groups) and the chosen prune's details.
     """
     from optkit.passes.prune.latency_table import layer_specs
-    from optkit.passes.prune.sensitivity import SensitivitySettings, analyze
 
-    shape = tuple(settings.input_shape or DEFAULT_INPUT_SHAPE)
-    run = dataclasses.replace(settings, input_shape=shape, ratio=0.0, target_macs=None, allocation="uniform",
-                              layer_ratios=None, iterative_steps=1)
-    if sensitivity is None:
-        sensitivity = analyze(model, SensitivitySettings(data=settings.data), run)
-    target = settings.target_macs
-    specs = layer_specs(model, shape)
+    sensitivity, goal = target.sensitivity, target.fraction
+    specs = layer_specs(model, spec.input_shape)
     spreads = SPREADS if sensitivity.score_model is not None else SPREADS[:1]
     candidates: list[tuple] = []
     tries: list[dict[str, float]] = []
     for spread in spreads:
         best = None
-        round_to = settings.round_to
+        round_to = target.round_to
         while True:
-            best = _corrected(model, run, sensitivity, specs, target, round_to, tries, best, spread)
-            if abs(best[0] - target) <= settings.target_tolerance or round_to == 1:
+            best = _corrected(model, spec, target, specs, round_to, tries, best, spread)
+            if abs(best[0] - goal) <= target.tolerance or round_to == 1:
                 break
             round_to = max(1, round_to // 2)
         if any(c[1][3] == best[3] for c in candidates):
@@ -88,7 +80,7 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
     measured = sensitivity.losses_among([c[2] for c in candidates]) if len(candidates) > 1 else [0.0]
     chosen = min(range(len(candidates)), key=lambda i: measured[i])
     spread, (achieved, pruned, details, ratios, predicted_loss, round_to), _ = candidates[chosen]
-    details.update({"allocation": "sensitivity", "target": "macs", "target_fraction": target,
+    details.update({"allocation": "sensitivity", "target": "macs", "target_fraction": goal,
                     "achieved_fraction": round(achieved, 4), "predicted_loss": round(predicted_loss, 6),
                     "metric": sensitivity.metric, "layer_ratios": ratios, "round_to": round_to, "spread": spread,
                     "candidates": [_candidate_summary(c, loss) for c, loss in zip(candidates, measured)],
@@ -97,9 +89,33 @@ def search(settings: Pass, model: nn.Module, sensitivity: Sensitivity | None = N
     if sensitivity.unmeasured:
         notes.append(f"structured_prune: sensitivity measured {len(sensitivity.curves) - len(sensitivity.unmeasured)}"
                      f" of {len(sensitivity.curves)} groups within its time budget; the rest are not pruned")
-    notes.extend(target_notes(settings, "macs", target, achieved, round_to, len(tries),
-                              "the measured ratios may not reach that far"))
+    notes.extend(target_notes(target, achieved, round_to, len(tries), "the measured ratios may not reach that far"))
     return PassResult(pruned, details)
+
+
+class BuildsTarget(Protocol):
+    """What :func:`search` takes: a :class:`~optkit.passes.prune.passes.StructuredPrune` (not imported: it imports
+    this module to register the handler)."""
+
+    def target(self, model: nn.Module, sensitivity: Sensitivity | None = None) -> Any: ...
+
+    def spec(self) -> PruneSpec: ...
+
+
+def search(prune: BuildsTarget, model: nn.Module, sensitivity: Sensitivity | None = None) -> PassResult:
+    """Sensitivity allocation for a StructuredPrune with ``allocation="sensitivity"``, using ``sensitivity``.
+
+    For ``optkit sensitivity``, which holds the pass and an analysis it made.
+
+    Args:
+        prune: the pass (``target_macs`` is the MACs fraction).
+        model: the model; a pruned copy is returned.
+        sensitivity: curves already measured for ``model`` (default: measured now on ``prune.data``).
+
+    Returns:
+        as :func:`allocate_by_sensitivity`.
+    """
+    return reach(prune.target(model, sensitivity), prune.spec(), model)
 
 
 def _candidate_summary(candidate: tuple, measured_loss: float) -> dict[str, Any]:
@@ -111,27 +127,27 @@ def _candidate_summary(candidate: tuple, measured_loss: float) -> dict[str, Any]
     return summary
 
 
-def _corrected(model: nn.Module, run: Pass, sensitivity: Sensitivity, specs: dict[str, dict[str, Any]],
-               target: float, round_to: int, tries: list[dict[str, float]], best: tuple | None,
-               spread: float) -> tuple:
+def _corrected(model: nn.Module, spec: PruneSpec, target: SensitivityTarget, specs: dict[str, dict[str, Any]],
+               round_to: int, tries: list[dict[str, float]], best: tuple | None, spread: float) -> tuple:
     """Allocate at ``round_to``, prune a copy, correct the aim by the achieved MACs; the closest try so far."""
     from optkit.analysis.metrics import count_macs
 
-    aim = target
+    sensitivity, goal = target.sensitivity, target.fraction
+    aim = goal
     for _ in range(MAX_CORRECTIONS + 1):
-        kept, predicted_loss = allocate(sensitivity, specs, aim, round_to, slack=run.target_tolerance, spread=spread)
+        kept, predicted_loss = allocate(sensitivity, specs, aim, round_to, slack=target.tolerance, spread=spread)
         ratios = ratios_for(sensitivity.groups, kept)
         candidate = copy.deepcopy(model)
-        details = dataclasses.replace(run, layer_ratios=ratios or None, round_to=round_to).prune(candidate, 0.0)
-        achieved = count_macs(candidate, run.input_shape) / sensitivity.macs
+        details = prune_to(candidate, spec, spec.per_group(ratios, round_to, steps=1))
+        achieved = count_macs(candidate, spec.input_shape) / sensitivity.macs
         tries.append({"spread": spread, "aim": round(aim, 4), "round_to": round_to,
                       "achieved_fraction": round(achieved, 4)})
-        if best is None or abs(achieved - target) < abs(best[0] - target):
+        if best is None or abs(achieved - goal) < abs(best[0] - goal):
             best = (achieved, candidate, details, ratios, predicted_loss, round_to)
-        if abs(achieved - target) <= run.target_tolerance:
+        if abs(achieved - goal) <= target.tolerance:
             break
         aim = next_aim([(t["aim"], t["achieved_fraction"]) for t in tries
-                        if t["round_to"] == round_to and t["spread"] == spread], target)
+                        if t["round_to"] == round_to and t["spread"] == spread], goal)
     return best
 
 

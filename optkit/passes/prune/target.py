@@ -1,7 +1,10 @@
-"""Find the structured pruning ratio that reaches a MACs or parameter target.
+"""The ratio, MACs and parameter targets' handlers: prune at one ratio, or find the one that reaches a fraction.
 
-The fraction kept falls (not always strictly: channel rounding makes steps)
-as the ratio grows, so the ratio is found by bracketing search, each try
+A :class:`~optkit.passes.prune.targets.RatioTarget` is one
+:func:`~optkit.passes.prune.channels.prune_to` call. For a
+:class:`~optkit.passes.prune.targets.MacsTarget` or ``ParamsTarget``: the
+fraction kept falls (not always strictly: channel rounding makes steps) as
+the ratio grows, so the ratio is found by bracketing search, each try
 pruning a fresh deep copy of the model. When ``round_to`` steps over the
 target (small layers move in coarse steps), the groups are cut by different
 multiples of ``round_to``, as evenly as the steps allow, before the rounding
@@ -17,9 +20,12 @@ the target is returned; the original model is left unchanged.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult
+from optkit.core.contract import PassResult
+from optkit.passes.prune.channels import PruneSpec, prune_to
+from optkit.passes.prune.targets import FractionTarget, MacsTarget, ParamsTarget, RatioTarget, handles
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,14 +35,25 @@ MAX_TRIES = 12
 #: A result further than this from its target is reported in one plain line.
 REPORT_TOLERANCE = 0.02
 
+#: ``(achieved fraction, pruned copy, its details, round_to)``: one try of a search.
+Try = tuple[float, Any, dict[str, Any], int]
 
-def search(settings: Pass, model: nn.Module, *, refine_round_to: bool = True) -> PassResult:
-    """Prune copies of ``model`` at searched ratios until the target is met.
 
-    ``settings`` is the :class:`~optkit.passes.prune.passes.StructuredPrune` pass
-    (this module does not import it: the pass imports this one).
+@handles(RatioTarget)
+def prune_at_ratio(target: RatioTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
+    """Prune ``model`` in place, every group losing ``target.ratio`` of its channels.
 
-    When ``round_to`` makes the target unreachable within ``target_tolerance``
+    Returns:
+        the model with :func:`~optkit.passes.prune.channels.prune_to`'s details.
+    """
+    return PassResult(model, prune_to(model, spec, spec.uniform(target.ratio, target.round_to)))
+
+
+@handles(MacsTarget, ParamsTarget)
+def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_round_to: bool = True) -> PassResult:
+    """Prune copies of ``model`` at searched ratios until ``target``'s MACs or parameter fraction is met.
+
+    When ``round_to`` makes the target unreachable within its tolerance
     by one ratio for every group, per-group counts (each a multiple of
     ``round_to``, the fractions removed as even as the steps allow) are tried
     next (:func:`_even_fill`); only if those miss too is the search repeated
@@ -51,74 +68,78 @@ def search(settings: Pass, model: nn.Module, *, refine_round_to: bool = True) ->
         the ``round_to`` used and every ``tries`` entry, plus the chosen run's
         details.
     """
-    import dataclasses
-
     from optkit.analysis.metrics import count_macs, count_params
 
-    shape = settings.input_shape or DEFAULT_INPUT_SHAPE
-    kind, target = ("macs", settings.target_macs) if settings.target_macs is not None else ("params", settings.target_params)
+    kind, goal = target.measured, target.fraction
 
     def measure(m: nn.Module) -> int:
-        return count_macs(m, shape) if kind == "macs" else count_params(m)
+        return count_macs(m, spec.input_shape) if kind == "macs" else count_params(m)
 
     original = measure(model)
-    tries: list[dict[str, float]] = []
-    current = settings
-    best = _bracket(current, model, target, lambda m: measure(m) / original, tries)
-    if abs(best[0] - target) > settings.target_tolerance and current.round_to > 1:
-        filled = _even_fill(current, model, kind, target, lambda m: measure(m) / original, tries)
-        if filled is not None and abs(filled[0] - target) < abs(best[0] - target):
+
+    def fraction(m: nn.Module) -> float:
+        return measure(m) / original
+
+    tries: list[dict[str, Any]] = []
+    round_to = target.round_to
+    best = _bracket(spec, model, target, round_to, fraction, tries)
+    if abs(best[0] - goal) > target.tolerance and round_to > 1:
+        filled = _even_fill(spec, model, target, round_to, fraction, tries)
+        if filled is not None and abs(filled[0] - goal) < abs(best[0] - goal):
             best = filled
-    while refine_round_to and abs(best[0] - target) > settings.target_tolerance and current.round_to > 1:
-        current = dataclasses.replace(current, round_to=max(1, current.round_to // 2))
-        finer = _bracket(current, model, target, lambda m: measure(m) / original, tries)
-        if abs(finer[0] - target) < abs(best[0] - target):
+    while refine_round_to and abs(best[0] - goal) > target.tolerance and round_to > 1:
+        round_to = max(1, round_to // 2)
+        finer = _bracket(spec, model, target, round_to, fraction, tries)
+        if abs(finer[0] - goal) < abs(best[0] - goal):
             best = finer
-    achieved, pruned, details, round_to = best
-    details.update({"target": kind, "target_fraction": target, "achieved_fraction": round(achieved, 4),
-                    "round_to": round_to, "tries": tries})
+    achieved, pruned, details, chosen_round_to = best
+    details.update({"target": kind, "target_fraction": goal, "achieved_fraction": round(achieved, 4),
+                    "round_to": chosen_round_to, "tries": tries})
     details.setdefault("notes", []).extend(
-        target_notes(settings, kind, target, achieved, round_to, len(tries), "see held and skipped layers"))
+        target_notes(target, achieved, chosen_round_to, len(tries), "see held and skipped layers"))
     return PassResult(pruned, details)
 
 
-def target_notes(settings: Pass, kind: str, target: float, achieved: float, round_to: int, tries: int,
-                 why: str) -> list[str]:
+def target_notes(target: FractionTarget, achieved: float, round_to: int, tries: int, why: str) -> list[str]:
     """The report's lines for a target search: a refined ``round_to``, and a miss beyond :data:`REPORT_TOLERANCE`."""
     notes = []
-    if round_to != settings.round_to:
-        notes.append(f"structured_prune: round_to {settings.round_to} could not reach {kind} {target:g} within "
-                     f"{settings.target_tolerance:g}; channel counts are multiples of {round_to} instead "
+    kind, goal = target.measured, target.fraction
+    if round_to != target.round_to:
+        notes.append(f"structured_prune: round_to {target.round_to} could not reach {kind} {goal:g} within "
+                     f"{target.tolerance:g}; channel counts are multiples of {round_to} instead "
                      f"(achieved {achieved:.3f})")
-    if abs(achieved - target) > REPORT_TOLERANCE:
-        notes.append(f"structured_prune: asked {kind} {target:g} of the original, achieved {achieved:.3f} "
+    if abs(achieved - goal) > REPORT_TOLERANCE:
+        notes.append(f"structured_prune: asked {kind} {goal:g} of the original, achieved {achieved:.3f} "
                      f"(closest of {tries} tries; {why})")
     return notes
 
 
-def _bracket(settings: Pass, model: nn.Module, target: float, fraction, tries: list) -> tuple:
-    """The bracketing search at ``settings.round_to``: ``(achieved, pruned copy, details, round_to)`` closest to target."""
+def _bracket(spec: PruneSpec, model: nn.Module, target: FractionTarget, round_to: int,
+             fraction: Callable[[nn.Module], float], tries: list) -> Try:
+    """The bracketing search at ``round_to``: the try closest to the target."""
+    goal = target.fraction
     best = None
     low, high = (0.0, 1.0), (MAX_RATIO, (1 - MAX_RATIO) ** 2)
     for _ in range(MAX_TRIES):
-        ratio = _next_ratio(low, high, target)
+        ratio = _next_ratio(low, high, goal)
         candidate = copy.deepcopy(model)
-        details = settings.prune(candidate, ratio)
+        details = prune_to(candidate, spec, spec.uniform(ratio, round_to))
         achieved = fraction(candidate)
-        tries.append({"ratio": ratio, "round_to": settings.round_to, "achieved_fraction": round(achieved, 4)})
-        if best is None or abs(achieved - target) < abs(best[0] - target):
-            best = (achieved, candidate, details, settings.round_to)
-        if abs(achieved - target) <= settings.target_tolerance:
+        tries.append({"ratio": ratio, "round_to": round_to, "achieved_fraction": round(achieved, 4)})
+        if best is None or abs(achieved - goal) < abs(best[0] - goal):
+            best = (achieved, candidate, details, round_to)
+        if abs(achieved - goal) <= target.tolerance:
             break
-        if achieved > target:
+        if achieved > goal:
             low = (ratio, achieved)
         else:
             high = (ratio, achieved)
     return best
 
 
-def _even_fill(settings: Pass, model: nn.Module, kind: str, target: float, fraction, tries: list) -> tuple | None:
-    """Per-group kept counts at ``settings.round_to`` that reach ``target``: ``(achieved, copy, details, round_to)``.
+def _even_fill(spec: PruneSpec, model: nn.Module, target: FractionTarget, round_to: int,
+               fraction: Callable[[nn.Module], float], tries: list) -> Try | None:
+    """Per-group kept counts, multiples of ``round_to``, that reach the target: the closest try.
 
     The greedy of :func:`~optkit.passes.prune.allocation.shrink` removes ``round_to`` channels at a time
     from the group where that costs the least, the cost of removing a fraction ``r`` of a group being
@@ -127,23 +148,21 @@ def _even_fill(settings: Pass, model: nn.Module, kind: str, target: float, fract
     corrected by the fraction each try achieves (at most
     :data:`~optkit.passes.prune.allocation.MAX_CORRECTIONS` times). ``None`` when no group can shrink.
     """
-    import dataclasses
-
-    from optkit.passes.prune.latency_table import layer_specs
     from optkit.passes.prune.allocation import MAX_CORRECTIONS, next_aim, shrink
     from optkit.passes.prune.groups import prunable_groups, ratios_for
+    from optkit.passes.prune.latency_table import layer_specs
 
-    shape = tuple(settings.input_shape or DEFAULT_INPUT_SHAPE)
-    specs = layer_specs(model, shape)
-    groups = prunable_groups(settings, model)
+    goal = target.fraction
+    specs = layer_specs(model, spec.input_shape)
+    groups = prunable_groups(spec, model)
     if not groups:
         return None
-    full = {name: (spec["in"], spec["out"]) for name, spec in specs.items()}
-    sizes = {name: spec["macs"] if kind == "macs" else _weights(spec) for name, spec in specs.items()}
+    full = {name: (layer["in"], layer["out"]) for name, layer in specs.items()}
+    sizes = {name: layer["macs"] if target.measured == "macs" else _weights(layer) for name, layer in specs.items()}
 
     def cost(name: str, cin: int, cout: int) -> float:
-        spec = specs[name]
-        return sizes[name] * cout / spec["out"] * (1.0 if spec["depthwise"] else cin / spec["in"])
+        layer = specs[name]
+        return sizes[name] * cout / layer["out"] * (1.0 if layer["depthwise"] else cin / layer["in"])
 
     shares = [sum(sizes[n] for n in dict.fromkeys(g.outs + g.ins) if n in sizes) for g in groups]
 
@@ -151,24 +170,23 @@ def _even_fill(settings: Pass, model: nn.Module, kind: str, target: float, fract
         return shares[i] * (1 - kept / groups[i].channels) ** 2
 
     layers_total = sum(sizes.values())
-    run = dataclasses.replace(settings, ratio=0.0, target_macs=None, target_params=None, allocation="uniform")
     best = None
-    aim = target
+    aim = goal
     for _ in range(MAX_CORRECTIONS + 1):
-        kept = shrink(groups, full, cost, aim * layers_total, round_to=settings.round_to, loss=loss,
-                      slack=settings.target_tolerance * layers_total)
+        kept = shrink(groups, full, cost, aim * layers_total, round_to=round_to, loss=loss,
+                      slack=target.tolerance * layers_total)
         ratios = ratios_for(groups, kept)
         candidate = copy.deepcopy(model)
-        details = dataclasses.replace(run, layer_ratios=ratios or None).prune(candidate, 0.0)
+        details = prune_to(candidate, spec, spec.per_group(ratios, round_to))
         achieved = fraction(candidate)
-        tries.append({"aim": round(aim, 4), "round_to": settings.round_to, "per_group": True,
+        tries.append({"aim": round(aim, 4), "round_to": round_to, "per_group": True,
                       "achieved_fraction": round(achieved, 4)})
-        if best is None or abs(achieved - target) < abs(best[0] - target):
+        if best is None or abs(achieved - goal) < abs(best[0] - goal):
             details.update(ratio=None, layer_ratios=ratios)
-            best = (achieved, candidate, details, settings.round_to)
-        if abs(achieved - target) <= settings.target_tolerance:
+            best = (achieved, candidate, details, round_to)
+        if abs(achieved - goal) <= target.tolerance:
             break
-        aim = next_aim([(t["aim"], t["achieved_fraction"]) for t in tries if t.get("per_group")], target)
+        aim = next_aim([(t["aim"], t["achieved_fraction"]) for t in tries if t.get("per_group")], goal)
     return best
 
 

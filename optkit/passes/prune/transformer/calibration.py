@@ -1,0 +1,76 @@
+"""Activation statistics on calibration data, for activation-aware importance.
+
+A weight's importance is then ``|W| * ||x||`` (Wanda's criterion, applied to
+whole heads and MLP channels): a channel that carries large activations on
+real text counts for more than its weight norm alone says. The statistics are
+the root mean square of each input channel of every linear-like module (an
+``nn.Linear``, or the transposed ``Conv1D`` of GPT-2-style models) over every
+token of the calibration batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["input_norms", "text_batches"]
+
+
+def input_norms(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Root mean square of each input channel of every two-dimensional-weight module, over all tokens of ``batches``.
+
+    Args:
+        model: the model (run in eval mode, without gradients; its training mode is restored).
+        batches: keyword arguments of its forward pass (``input_ids``, ``attention_mask``).
+
+    Returns:
+        module name -> tensor of its input width, for every module that ran; empty when no batch ran.
+    """
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+
+    def accumulate(name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            if not args or not isinstance(args[0], torch.Tensor) or not args[0].is_floating_point():
+                return
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            sums[name] = sums.get(name, 0) + x.pow(2).sum(0)
+            counts[name] = counts.get(name, 0) + len(x)
+        return hook
+
+    handles = [module.register_forward_pre_hook(accumulate(name)) for name, module in model.named_modules()
+               if not isinstance(module, nn.Embedding) and isinstance(getattr(module, "weight", None), torch.Tensor)
+               and module.weight.dim() == 2]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return {name: (total / counts[name]).sqrt().cpu() for name, total in sums.items()}
+
+
+def text_batches(model: nn.Module, spec: str, seq_len: int, batches: int, batch_size: int) -> list[dict[str, Any]]:
+    """The first ``batches × batch_size`` blocks of ``seq_len`` tokens of ``spec``'s train split, as forward keywords.
+
+    The text is tokenized by the model's own tokenizer, found beside its config (see
+    :func:`optkit.analysis.evaluation.tokenizer_folders`).
+
+    Raises:
+        DataError: for a spec that is not text, or a model without a tokenizer folder.
+    """
+    from optkit.analysis.evaluation import DataReaders
+
+    config = getattr(model, "config", None)
+    ids, mask = DataReaders(model).token_blocks(
+        spec, "train", seq_len, batches * batch_size, vocab_size=getattr(config, "vocab_size", None),
+        max_positions=getattr(config, "max_position_embeddings", None))
+    return [{"input_ids": ids[i:i + batch_size], "attention_mask": mask[i:i + batch_size]}
+            for i in range(0, len(ids), batch_size)]
