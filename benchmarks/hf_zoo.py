@@ -173,8 +173,12 @@ def check_outputs(model_type: str, original, out: Path) -> dict:
     return checks
 
 
-def tp_recipe(model, model_type: str) -> None:
-    """Prune ``model`` in place the way torch-pruning's LLM example does, then update the config fields it updates."""
+def tp_recipe(model, model_type: str, ratio: float = RATIO, inputs: dict | None = None) -> None:
+    """Prune ``model`` in place the way torch-pruning's LLM example does, then update the config fields it updates.
+
+    ``ratio`` is the example's pruning ratio (heads and channels alike); ``inputs`` its example inputs
+    (by default random ids for ``model_type``).
+    """
     import torch
     import torch_pruning as tp
 
@@ -194,10 +198,10 @@ def tp_recipe(model, model_type: str) -> None:
             out_channel_groups[module.gate_up_proj] = 2
     # The output head: lm_head, or the last Linear of a classifier (roberta's is a dense + out_proj module).
     head = model.get_output_embeddings() or [m for m in model.classifier.modules() if isinstance(m, torch.nn.Linear)][-1]
-    inputs = example(model_type, batch=1)
+    inputs = inputs if inputs is not None else example(model_type, batch=1)
     pruner = tp.pruner.MagnitudePruner(
         model, example_inputs=inputs, importance=tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean"),
-        pruning_ratio=RATIO, head_pruning_ratio=RATIO, num_heads=num_heads, prune_num_heads=True,
+        pruning_ratio=ratio, head_pruning_ratio=ratio, num_heads=num_heads, prune_num_heads=True,
         prune_head_dims=False, round_to=4, ignored_layers=[head], out_channel_groups=out_channel_groups,
         output_transform=lambda output: output.logits)
     pruner.step()

@@ -187,15 +187,26 @@ def load_tokenizer(folder: str | os.PathLike) -> Any:
                         "tokenizer.save_pretrained(FOLDER)") from e
 
 
-def tokenize(tokenizer: Any, documents: list[str]) -> list[int]:
-    """The documents' token ids, joined, each document followed by the end-of-sequence token when there is one."""
-    encoded = tokenizer(documents, add_special_tokens=False, verbose=False)["input_ids"]
+#: Documents tokenized at a time when only the first tokens are needed.
+TOKENIZE_CHUNK = 16
+
+
+def tokenize(tokenizer: Any, documents: list[str], limit: int | None = None) -> list[int]:
+    """The documents' token ids, joined, each document followed by the end-of-sequence token when there is one.
+
+    With ``limit``, documents are tokenized a few at a time until at least ``limit`` ids are there
+    (calibration and small evaluations read the start of a split, not all of it).
+    """
     eos = getattr(tokenizer, "eos_token_id", None)
+    step = len(documents) if limit is None else TOKENIZE_CHUNK
     ids: list[int] = []
-    for document in encoded:
-        ids.extend(document)
-        if eos is not None:
-            ids.append(eos)
+    for start in range(0, len(documents), max(step, 1)):
+        for document in tokenizer(documents[start:start + step], add_special_tokens=False, verbose=False)["input_ids"]:
+            ids.extend(document)
+            if eos is not None:
+                ids.append(eos)
+        if limit is not None and len(ids) >= limit:
+            break
     return ids
 
 
@@ -232,7 +243,8 @@ def token_blocks(spec_arg: str, split: str, tokenizer_folder: str | os.PathLike,
     if vocab_size is not None and len(tokenizer) > vocab_size:
         raise DataError(f"the tokenizer in {tokenizer_folder} has {len(tokenizer):,} tokens but the model's embedding "
                         f"has {vocab_size:,} rows; use the tokenizer the model was trained with")
-    ids = torch.tensor(tokenize(tokenizer, documents), dtype=torch.long)
+    limit = None if max_blocks is None else max_blocks * seq_len
+    ids = torch.tensor(tokenize(tokenizer, documents, limit), dtype=torch.long)
     if not len(ids):
         raise DataError(f"text:{spec_arg} gives no tokens in its {split} split; give a file or folder with more text")
     if vocab_size is not None and int(ids.max()) >= vocab_size:

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import torch
 
 from optkit.core.errors import DataError
 from optkit.data import check_available, dataset_info, load_dataset, parse_spec
@@ -143,3 +144,16 @@ def test_the_python_documentation_splits_hold_every_file_once():
     # Files with no text are dropped, so the splits hold at most every file once.
     assert sum(counts.values()) <= len(files) and sum(counts.values()) >= len(files) - 5
     assert counts["val"] >= 10 and counts["test"] >= 10
+
+
+def test_the_first_blocks_are_the_same_whether_or_not_the_rest_is_tokenized(tmp_path):
+    """A calibration read of the first blocks tokenizes a few documents at a time; it must not change them."""
+    lm = Path(__file__).resolve().parents[2] / "optkit" / "demo" / "python_docs_lm"
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(60):  # more files than one tokenizing chunk
+        (texts / f"doc{i:02d}.txt").write_text(f"Document {i}: " + "the quick brown fox jumps; " * (i % 7 + 1))
+    whole = token_blocks(str(texts), "train", lm, 16)
+    first = token_blocks(str(texts), "train", lm, 16, max_blocks=3)
+    assert len(whole.input_ids) > 3
+    assert torch.equal(first.input_ids, whole.input_ids[:3]) and torch.equal(first.attention_mask, whole.attention_mask[:3])

@@ -33,6 +33,8 @@ class Widths:
         round_to: kept counts are multiples of this (1: no rounding).
         global_: rank channels across all groups to remove ``ratio`` of them, instead of in each group.
         steps: reach the widths in this many equal steps (each rounds).
+        heads_ratio: a transformer's share of attention heads to remove, when it differs from
+            ``ratio`` (which its MLP channels then lose); ``None``: ``ratio`` for both.
     """
 
     ratio: float
@@ -40,6 +42,7 @@ class Widths:
     round_to: int
     global_: bool = False
     steps: int = 1
+    heads_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -255,16 +258,17 @@ def _prune_transformer(model: nn.Module, spec: PruneSpec, widths: Widths) -> dic
                          "spec (text, text:FILE or text:DIR)")
     activations = input_norms(model, batches) if spec.importance == "activation" else None
     original = copy.deepcopy(model) if batches is not None and spec.bias_correction else None
-    result = prune_transformer(model, heads_ratio=ratio, mlp_ratio=ratio, drop_blocks=spec.drop_blocks,
+    heads_ratio = ratio if widths.heads_ratio is None else widths.heads_ratio
+    result = prune_transformer(model, heads_ratio=heads_ratio, mlp_ratio=ratio, drop_blocks=spec.drop_blocks,
                                example_inputs=keywords, round_to=widths.round_to, activations=activations)
     refitted = refit_narrowed_layers(original, model, batches) if original is not None else []
     before, after = result["before"], result["after"]
     notes = [f"structured_prune {line}" for line in result["skipped"]]
     if before["heads"] and after["heads"] != before["heads"]:
         removed = 1 - after["heads"] / before["heads"]
-        if abs(removed - ratio) > 0.05:
+        if abs(removed - heads_ratio) > 0.05:
             notes.append(f"structured_prune removed {before['heads'] - after['heads']} of {before['heads']} "
-                         f"attention heads ({removed:.2f}, asked {ratio:g}): heads go in whole key/value groups "
+                         f"attention heads ({removed:.2f}, asked {heads_ratio:g}): heads go in whole key/value groups "
                          f"({before['kv_heads']} here), so the share was rounded")
     if refitted:
         notes.append(f"structured_prune refitted {len(refitted)} layer(s) that lost inputs (attention output and "

@@ -108,7 +108,9 @@ class StructuredPrune(Pass):
     allocation: str = setting("uniform", help="How the reduction is spread over layers: uniform (every group "
                               "loses the same fraction), global (channels ranked across all groups), or "
                               "sensitivity (per-group ratios from measured accuracy curves, least predicted "
-                              "loss for target_macs; needs data; see optkit sensitivity).",
+                              "loss for target_macs; needs data; see optkit sensitivity; for a transformer, the "
+                              "split of target_params or target_macs between heads and MLP channels with the "
+                              "least validation perplexity on text data).",
                               choices=ALLOCATIONS, flag="allocation")
     iterative_steps: int = setting(1, help="Reach the ratio in this many equal steps (with a fine-tune on the "
                                    "command line, fine-tune after each).", low=1, flag="iterative-steps")
@@ -165,16 +167,17 @@ class StructuredPrune(Pass):
             raise ValueError("give target_latency or target_macs/target_params, not both")
         if self.round_to == "auto" and self.target_latency is None:
             raise ValueError("round_to 'auto' is chosen by the latency table: it needs target_latency")
-        if self.allocation == "sensitivity" and (self.target_macs is None or self.data is None):
-            raise ValueError("allocation 'sensitivity' needs target_macs (the MACs fraction to reach) and data "
-                             "(a dataset spec whose val split scores each group)")
+        if self.allocation == "sensitivity" and (self.target_macs is None and self.target_params is None
+                                                 or self.data is None):
+            raise ValueError("allocation 'sensitivity' needs target_macs (the MACs fraction to reach; a transformer "
+                             "also takes target_params) and data (a dataset spec whose val split scores each choice)")
         if self.importance in ("taylor", "activation") and self.data is None and self.calibration is None:
             raise ValueError(f"importance {self.importance!r} needs data: set data (a dataset spec) or calibration "
                              "(batches)")
 
     def apply(self, model: nn.Module) -> PassResult:
         # Importing the handlers' modules registers them with the targets they reach.
-        from optkit.passes.prune import latency_target, sensitivity_target, target  # noqa: F401
+        from optkit.passes.prune import latency_target, mix_target, sensitivity_target, target  # noqa: F401
         from optkit.passes.prune.targets import reach
 
         return reach(self.target(model), self.spec(), model)
@@ -194,12 +197,20 @@ class StructuredPrune(Pass):
             ``LatencyTarget`` or ``SensitivityTarget``.
         """
         from optkit.passes.prune import targets
+        from optkit.passes.prune.transformer import describes_transformer
 
         if self.target_latency is not None:
             round_to = None if self.round_to == "auto" else self.round_to
             return targets.LatencyTarget(self.target_latency, self.target_tolerance, self.latency_threads,
                                          self.latency_batch, round_to)
+        if self.allocation == "sensitivity" and self.submodule is None and describes_transformer(model):
+            measured, fraction = ("macs", self.target_macs) if self.target_macs is not None else ("params",
+                                                                                                self.target_params)
+            return targets.MixTarget(fraction, self.target_tolerance, 8 if self.round_to == "auto" else self.round_to,
+                                     measured)
         if self.allocation == "sensitivity":
+            if self.target_macs is None:
+                raise ValueError("allocation 'sensitivity' of channels needs target_macs (the MACs fraction to reach)")
             if sensitivity is None:
                 from optkit.passes.prune.sensitivity import SensitivitySettings, analyze
 

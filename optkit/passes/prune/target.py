@@ -82,6 +82,8 @@ def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_
 
     tries: list[dict[str, Any]] = []
     round_to = target.round_to
+    if _is_transformer(spec, model):
+        return _transformer_search(target, spec, model, fraction, tries)
     best = _bracket(spec, model, target, round_to, fraction, tries)
     if abs(best[0] - goal) > target.tolerance and round_to > 1:
         filled = _even_fill(spec, model, target, round_to, fraction, tries)
@@ -98,6 +100,31 @@ def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_
     details.setdefault("notes", []).extend(
         target_notes(target, achieved, chosen_round_to, len(tries), "see held and skipped layers"))
     return PassResult(pruned, details)
+
+
+def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Module,
+                        fraction: Callable[[nn.Module], float], tries: list) -> PassResult:
+    """A transformer is cut uniformly (whole heads, one MLP width for every block), so only the ratio is searched,
+    by weight norm alone (the sizes do not depend on the ranking or the refit); the found ratio is then pruned
+    once with the pass's own importance and calibration."""
+    import dataclasses
+
+    light = dataclasses.replace(spec, importance="l1", bias_correction=False, calibration=None, data=None)
+    achieved, _, _, round_to = _bracket(light, model, target, target.round_to, fraction, tries)
+    ratio = min(tries, key=lambda t: abs(t["achieved_fraction"] - target.fraction))["ratio"]
+    pruned = copy.deepcopy(model)
+    details = prune_to(pruned, spec, spec.uniform(ratio, round_to))
+    details.update({"target": target.measured, "target_fraction": target.fraction,
+                    "achieved_fraction": round(fraction(pruned), 4), "round_to": round_to, "tries": tries})
+    details.setdefault("notes", []).extend(
+        target_notes(target, achieved, round_to, len(tries), "heads go whole and every block keeps the same widths"))
+    return PassResult(pruned, details)
+
+
+def _is_transformer(spec: PruneSpec, model: nn.Module) -> bool:
+    from optkit.passes.prune.transformer import describes_transformer
+
+    return spec.submodule is None and describes_transformer(model)
 
 
 def target_notes(target: FractionTarget, achieved: float, round_to: int, tries: int, why: str) -> list[str]:

@@ -12,6 +12,8 @@ for one ratio for every group or for per-group widths:
   (:mod:`optkit.passes.prune.target`);
 - :class:`LatencyTarget`: a measured ONNX Runtime latency fraction
   (:mod:`optkit.passes.prune.latency_target`);
+- :class:`MixTarget`: a transformer's parameter or MACs fraction, split between
+  heads and MLP channels by measured perplexity (:mod:`optkit.passes.prune.mix_target`);
 - :class:`SensitivityTarget`: a MACs fraction with the least loss predicted
   by measured per-group curves (:mod:`optkit.passes.prune.sensitivity_target`).
 
@@ -76,6 +78,22 @@ class SensitivityTarget(FractionTarget):
 
     measured: ClassVar[str] = "macs"
     sensitivity: Sensitivity
+
+
+@dataclass(frozen=True)
+class MixTarget:
+    """Keep ``fraction`` of a transformer's parameters or MACs (``measured``) within ``tolerance``, MLP widths in
+    multiples of ``round_to``, the cut split between attention heads and MLP channels by validation perplexity
+    on the pass's text data (:mod:`optkit.passes.prune.mix_target`)."""
+
+    fraction: float
+    tolerance: float
+    round_to: int
+    measured: str = "params"
+
+    def __post_init__(self) -> None:
+        if self.measured not in ("params", "macs"):
+            raise ValueError(f"MixTarget measures params or macs, not {self.measured!r}")
 
 
 @dataclass(frozen=True)

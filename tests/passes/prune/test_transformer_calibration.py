@@ -112,3 +112,45 @@ def test_activation_importance_is_for_transformers_and_needs_data():
     with pytest.raises(ValueError, match="ranks a Hugging Face transformer's heads"):
         StructuredPrune(ratio=0.3, importance="activation", data="synthetic:8:3x8x8:2",
                         input_shape=(1, 3, 8, 8)).apply(convnet)
+
+
+def _llama_with_the_shipped_tokenizer(folder) -> nn.Module:
+    """A tiny Llama saved with the shipped language model's tokenizer, loaded back as a user's folder is."""
+    import shutil
+    from pathlib import Path
+
+    from optkit.io.models import load_model
+
+    shipped = Path(__file__).resolve().parents[3] / "optkit" / "demo" / "python_docs_lm"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=4096, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(shipped / name, folder / name)
+    return load_model(str(folder)).eval()
+
+
+def test_a_parameter_target_split_between_heads_and_mlp_keeps_the_mix_with_the_lowest_val_perplexity(tmp_path):
+    from optkit.analysis.evaluation import EvalSettings, load_eval_set, score, torch_logits
+    from optkit.passes.prune.mix_target import VAL_BLOCKS
+
+    model = _llama_with_the_shipped_tokenizer(tmp_path / "lm")
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(f"Line {i}: the function returns a list of {i % 9} values." for i in range(1500)))
+    params_before = sum(p.numel() for p in model.parameters())
+    result = StructuredPrune(target_params=0.9, allocation="sensitivity", data=f"text:{text}",
+                             input_shape=(1, 32)).apply(copy.deepcopy(model))
+
+    candidates = result.details["candidates"]
+    assert len(candidates) >= 2 and len({(c["heads"], c["intermediate"]) for c in candidates}) == len(candidates)
+    reaching = [c for c in candidates if abs(c["achieved_fraction"] - 0.9) <= 0.02]
+    chosen = min(reaching, key=lambda c: c["val_perplexity"])
+    pruned = result.model
+    assert (pruned.config.num_attention_heads, pruned.config.intermediate_size) == (chosen["heads"],
+                                                                                  chosen["intermediate"])
+    assert sum(p.numel() for p in pruned.parameters()) / params_before == pytest.approx(0.9, abs=0.02)
+    # The recorded figure is the kind's perplexity on the first val blocks, recomputed here on the kept model.
+    val = load_eval_set(EvalSettings(data=f"text:{text}", samples=VAL_BLOCKS), model, (1, 32), split="val")
+    assert score(torch_logits(pruned, val), val)["perplexity"] == pytest.approx(chosen["val_perplexity"], rel=1e-3)
