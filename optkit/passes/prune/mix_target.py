@@ -7,8 +7,9 @@ tries each head share the structure allows (whole heads, the same number
 from every key/value group: at most :data:`HEAD_SHARES` of them), finds for
 each the MLP share that reaches the target (parameters and MACs fall
 linearly with the MLP width, so two trial prunes give it), prunes a copy at
-that mix with the pass's importance and refit, and scores it by perplexity on
-the first :data:`VAL_BLOCKS` blocks of the calibration text's ``val`` split.
+that mix with the pass's importance and refit, and scores it on the first
+:data:`VAL_BLOCKS` samples of the data's ``val`` split (perplexity on text; an
+image transformer's top-1 error on images).
 The mix with the lowest perplexity is kept. Widths stay uniform across
 blocks, so the stock class still describes the result.
 """
@@ -41,10 +42,12 @@ def search(target: MixTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
     Returns:
         the kept copy, with details: ``allocation`` (``mix``), ``target``, ``target_fraction``,
         ``achieved_fraction``, ``heads_ratio`` and ``ratio`` (the MLP share) of the kept mix,
-        and ``candidates`` (each mix's heads, MLP width, fraction and validation perplexity).
+        ``val_measure`` and ``candidates`` (each mix's heads, MLP width, fraction and ``val_loss``:
+        perplexity on text, top-1 error on images).
     """
     from optkit.analysis.evaluation import EvalSettings, load_eval_set, score, torch_logits
     from optkit.analysis.metrics import count_macs, count_params
+    from optkit.data.specs import is_text
 
     def measure(m: nn.Module) -> int:
         return count_macs(m, spec.input_shape) if target.measured == "macs" else count_params(m)
@@ -78,23 +81,29 @@ def search(target: MixTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
             continue
         seen.add(key)
         achieved = measure(candidate) / original
-        perplexity = score(torch_logits(candidate, val), val)["perplexity"]
+        perplexity = _loss(score(torch_logits(candidate, val), val))
         candidates.append({"heads": key[0], "intermediate": key[1], "heads_ratio": heads, "mlp_ratio": round(mlp, 4),
-                           "achieved_fraction": round(achieved, 4), "val_perplexity": round(perplexity, 3)})
+                           "achieved_fraction": round(achieved, 4), "val_loss": round(perplexity, 4)})
         if abs(achieved - target.fraction) <= max(target.tolerance, 0.02) and (best is None or perplexity < best[0]):
             best = (perplexity, candidate, {**details, "heads_ratio": heads, "ratio": mlp, "achieved": achieved})
     if best is None:
         raise ValueError(f"no mix of heads and MLP channels reaches {target.measured} {target.fraction:g} within "
                          f"{max(target.tolerance, 0.02):g} (tried {len(candidates)}); use allocation uniform")
     perplexity, kept, details = best
+    measure = "perplexity" if is_text(spec.data) else "top-1 error"
     achieved = details.pop("achieved")
     details.update({"allocation": "mix", "target": target.measured, "target_fraction": target.fraction,
-                    "achieved_fraction": round(achieved, 4), "candidates": candidates})
+                    "achieved_fraction": round(achieved, 4), "val_measure": measure, "candidates": candidates})
     details.setdefault("notes", []).append(
         f"structured_prune kept {_heads(kept)} heads and {_intermediate(kept)} MLP channels per "
-        f"block ({target.measured} {achieved:.3f}): the lowest validation perplexity ({perplexity:.2f}) of "
+        f"block ({target.measured} {achieved:.3f}): the lowest validation {measure} ({perplexity:.3f}) of "
         f"{len(candidates)} mixes of heads and MLP channels")
     return PassResult(kept, details)
+
+
+def _loss(scores: dict[str, Any]) -> float:
+    """Lower is better: a language model's perplexity, or an image transformer's top-1 error."""
+    return scores["perplexity"] if "perplexity" in scores else 1.0 - scores["accuracy"]
 
 
 def _heads(model: nn.Module) -> int | None:

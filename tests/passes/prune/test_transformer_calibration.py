@@ -146,11 +146,12 @@ def test_a_parameter_target_split_between_heads_and_mlp_keeps_the_mix_with_the_l
     candidates = result.details["candidates"]
     assert len(candidates) >= 2 and len({(c["heads"], c["intermediate"]) for c in candidates}) == len(candidates)
     reaching = [c for c in candidates if abs(c["achieved_fraction"] - 0.9) <= 0.02]
-    chosen = min(reaching, key=lambda c: c["val_perplexity"])
+    chosen = min(reaching, key=lambda c: c["val_loss"])
+    assert result.details["val_measure"] == "perplexity"
     pruned = result.model
     assert (pruned.config.num_attention_heads, pruned.config.intermediate_size) == (chosen["heads"],
                                                                                   chosen["intermediate"])
     assert sum(p.numel() for p in pruned.parameters()) / params_before == pytest.approx(0.9, abs=0.02)
     # The recorded figure is the kind's perplexity on the first val blocks, recomputed here on the kept model.
     val = load_eval_set(EvalSettings(data=f"text:{text}", samples=VAL_BLOCKS), model, (1, 32), split="val")
-    assert score(torch_logits(pruned, val), val)["perplexity"] == pytest.approx(chosen["val_perplexity"], rel=1e-3)
+    assert score(torch_logits(pruned, val), val)["perplexity"] == pytest.approx(chosen["val_loss"], rel=1e-3)
