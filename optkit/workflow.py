@@ -81,10 +81,12 @@ def _shape_hint(model: Any, kind: str) -> str:
 
 
 def data_normalization(pipeline: Pipeline) -> dict[str, dict[str, str]]:
-    """The mean and std each dataset spec the passes read normalizes with, by spec (for the report and ONNX metadata)."""
+    """The mean and std each image dataset spec the passes read normalizes with, by spec (for the report and ONNX
+    metadata); text specs have none."""
     from optkit.data import dataset_info
+    from optkit.data.specs import is_text
 
-    return {spec: dataset_info(spec).normalization() for spec in _dataset_specs(pipeline)}
+    return {spec: dataset_info(spec).normalization() for spec in _dataset_specs(pipeline) if not is_text(spec)}
 
 
 def _dataset_specs(pipeline: Pipeline) -> list[str]:
