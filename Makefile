@@ -13,40 +13,51 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# setuptools prints an informational banner on every editable install of a flat
+# layout ("Editable installation ... folders with the same name as your package");
+# only that message is silenced, so deprecation warnings still show.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(BIN)/pip install -q -e
+
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q $(TORCH_PINS)
-	$(BIN)/pip install -q -e .
+	$(EDITABLE) .
 	touch $@
 
 # The example plugin package registers a pass by entry point; the tests use it.
 PLUGIN := tests/plugins/example_plugin
 $(VENV)/.dev-installed: $(VENV)/.installed $(PLUGIN)/pyproject.toml
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q -e $(PLUGIN)
+	$(EDITABLE) '.[dev]'
+	$(EDITABLE) $(PLUGIN)
 	touch $@
 
 setup: $(VENV)/.installed
 
 dev: $(VENV)/.dev-installed
 
-# Fashion-MNIST comes from Debian's package; it is optional for the demo and
-# installed for the tests that use real data (as root, or with passwordless
-# sudo); without apt those tests are skipped.
+# Real data comes from Debian's packages: Fashion-MNIST for images and the
+# Python 3.11 documentation sources for text (the `text` dataset spec). Both are
+# optional for the demo and installed for the tests that use real data (as root,
+# or with passwordless sudo); without apt those tests are skipped.
 FMNIST_FILE := $(FMNIST_DIR)/train-images-idx3-ubyte.gz
+TEXT_DIR := /usr/share/doc/python3.11/html/_sources
 data:
-	@if [ ! -f $(FMNIST_FILE) ]; then \
+	@missing=""; \
+	[ -f $(FMNIST_FILE) ] || missing="$$missing dataset-fashion-mnist"; \
+	[ -d $(TEXT_DIR) ] || missing="$$missing python3.11-doc"; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then sudo=""; \
 		elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
 		else sudo=none; fi; \
 		if command -v apt-get >/dev/null && [ "$$sudo" != none ]; then \
-			echo "installing dataset-fashion-mnist with apt-get"; \
+			echo "installing$$missing with apt-get"; \
 			($$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
-				apt-get install -y -qq dataset-fashion-mnist) >/dev/null \
-				|| echo "warning: could not install dataset-fashion-mnist; real-data tests will be skipped"; \
+				apt-get install -y -qq $$missing) >/dev/null \
+				|| echo "warning: could not install$$missing; real-data tests will be skipped"; \
 		else \
-			echo "note: run 'sudo apt-get install dataset-fashion-mnist' for the real-data tests"; \
+			echo "note: run 'sudo apt-get install$$missing' for the real-data tests"; \
 		fi; \
 	fi
+	@if [ -d $(TEXT_DIR) ]; then echo "Python documentation text: $(TEXT_DIR)"; fi
 	@if [ -f $(FMNIST_FILE) ]; then echo "Fashion-MNIST: $(FMNIST_DIR)"; fi
 
 # The demo prunes the trained Fashion-MNIST model that ships with optkit to half its MACs,

@@ -90,6 +90,7 @@ def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
         notes.append(f"{name} left {len(layers)} layer(s) untouched (listed under Skipped layers in report.md)")
     notes += _small_channel_cuts(run)
     notes += _ratio_drift(run, report["layers"])
+    notes += _allocation_hint(run)
     if report.get("onnx_latency"):
         notes.append(onnx_latency_note(report["onnx_latency"]))
     elif "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
@@ -130,6 +131,21 @@ def _ratio_drift(run: PipelineRun, layers: list[dict[str, Any]]) -> list[str]:
             f"the {asked:.0%} asked (e.g. {example['name']}: {example['before']} -> {example['after']}): each layer "
             "keeps a multiple of round_to channels, and iterative steps round at every step; --round-to 1 follows "
             "the ratio more closely, --target-macs aims at a MACs fraction instead"]
+
+
+def _allocation_hint(run: PipelineRun) -> list[str]:
+    """One line when a target prune allocated uniformly before a fine-tune on data that could have guided it.
+
+    Sensitivity allocation is not the default because it costs a measurement pass and gained on one of the
+    three models of ``benchmarks/results/defaults.md`` only; where it gained, it kept more than the noise.
+    """
+    prunes = [r for r in run.records if r.name == "structured_prune" and "target" in r.details]
+    tunes = [r for r in run.records if r.name == "finetune" and r.details.get("data")]
+    if not prunes or not tunes or any(r.details.get("allocation") == "sensitivity" for r in prunes):
+        return []
+    data = tunes[0].details["data"]
+    return [f"structured_prune allocated the MACs uniformly: `--allocation sensitivity --calib-data {data}` may keep "
+            "more accuracy, at about 1.3x this run's time (benchmarks/results/defaults.md)"]
 
 
 def onnx_latency_note(timing: dict[str, Any]) -> str:

@@ -194,3 +194,24 @@ def test_iterative_steps_are_compared_with_the_ratio_they_compound_to():
     report = build_report(run, model="m", input_shape=(1, 1, 28, 28), channels=channels)
     assert [note[:100] for note in report["notes"] if "asked" in note] == [
         "structured_prune removed 67% of the channels of the 2 layers it pruned in 3 steps, not the 50% asked"]
+
+
+def _prune_then_finetune(prune_details: dict) -> PipelineRun:
+    step = ModelStats(params=500, macs=5_000, sparsity=0.0)
+    records = [PassRecord("structured_prune", 1.0, step, prune_details),
+               PassRecord("finetune", 9.0, step, {"data": "fashion-mnist", "epochs": 2})]
+    return PipelineRun(nn.Identity(), ModelStats(params=1000, macs=10_000, sparsity=0.0), step, records)
+
+
+@pytest.mark.parametrize("prune_details, hinted", [
+    ({"target": "macs", "target_fraction": 0.5}, True),
+    ({"target": "macs", "target_fraction": 0.5, "allocation": "sensitivity"}, False),
+    ({"ratio": 0.3}, False),
+])
+def test_a_uniform_target_prune_before_a_finetune_names_the_allocation_that_may_keep_more(prune_details, hinted):
+    """#31: where a better-measured setting is not the default, the report says which flag and what it costs."""
+    report = build_report(_prune_then_finetune(prune_details), model="m", input_shape=(1, 1, 28, 28))
+    hints = [note for note in report["notes"] if "--allocation sensitivity" in note]
+    assert hints == ([] if not hinted else [
+        "structured_prune allocated the MACs uniformly: `--allocation sensitivity --calib-data fashion-mnist` may "
+        "keep more accuracy, at about 1.3x this run's time (benchmarks/results/defaults.md)"])

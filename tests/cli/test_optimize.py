@@ -44,3 +44,27 @@ def test_flags_build_the_interleaved_entries():
                                                 "workers": 0})
     assert [e["name"] for e in entries] == ["structured_prune", "finetune"] * 3
     assert all("iterative_steps" not in e for e in entries)
+
+
+def test_training_and_importance_flags_land_in_the_recipe_it_ran(tmp_path):
+    """Each flag sets its setting of the pass it declares, as the recipe optimize writes shows (#31)."""
+    import tomllib
+
+    from click.testing import CliRunner
+
+    from optkit.cli import main
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, [
+        "optimize", "torchvision:resnet18", "--input-shape", "1,3,32,32", "--num-classes", "10", "--prune", "0.3",
+        "--importance", "l2", "--finetune", "synthetic:64:3x32x32:10", "--epochs", "1", "--max-steps", "1",
+        "--batch-size", "16", "--lr", "2e-3", "--grad-clip", "0.5", "--warmup", "0.1", "--weight-decay", "0.01",
+        "--train-amp", "off", "--seed", "3", "--distill", "--alpha", "0.4", "--temperature", "2",
+        "--checkpoint-every", "1", "--max-train-samples", "64", "--no-latency", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    prune, finetune = tomllib.loads((out / "recipe.toml").read_text())["pass"]
+    assert (prune["name"], prune["importance"]) == ("structured_prune", "l2")
+    assert {k: finetune[k] for k in ("lr", "grad_clip", "warmup", "weight_decay", "amp", "seed", "distill", "alpha",
+                                     "temperature", "checkpoint_every", "max_train_samples", "max_steps")} == {
+        "lr": 2e-3, "grad_clip": 0.5, "warmup": 0.1, "weight_decay": 0.01, "amp": "off", "seed": 3, "distill": True,
+        "alpha": 0.4, "temperature": 2.0, "checkpoint_every": 1, "max_train_samples": 64, "max_steps": 1}

@@ -112,8 +112,9 @@ class StructuredPrune(Pass):
                               "split of target_params or target_macs between heads and MLP channels with the "
                               "least validation perplexity on text data).",
                               choices=ALLOCATIONS, flag="allocation")
-    iterative_steps: int = setting(1, help="Reach the ratio in this many equal steps (with a fine-tune on the "
-                                   "command line, fine-tune after each).", low=1, flag="iterative-steps")
+    iterative_steps: int = setting(1, help="Reach the ratio in this many equal steps (with a --prune ratio and a "
+                                   "fine-tune on the command line, fine-tune after each; a target search prunes in "
+                                   "steps and fine-tunes once at the end).", low=1, flag="iterative-steps")
     ignored_layers: tuple[str, ...] = setting((), help="fnmatch patterns of module names whose output channels are "
                                               "kept; the layers that feed the model's outputs always keep theirs.")
     layer_ratios: dict[str, float] | None = setting(None, help="Per-layer ratio overrides, keyed by fnmatch pattern.",
