@@ -154,6 +154,11 @@ def onnx_latency_note(timing: dict[str, Any]) -> str:
             f"{timing['after']['median_ms']:.2f} ms median, {timing['speedup']:.2f}x faster")
     if timing["ideal_speedup"]:
         line += f" (the MACs promise {timing['ideal_speedup']:.2f}x: efficiency {timing['efficiency']:.2f})"
+    shape = timing["before"].get("input_shape") or []
+    if len(shape) == 2:  # token ids (batch, length): the call is a prefill of that many tokens
+        tokens = shape[0] * shape[1]
+        line += (f"; prefill of {tokens} tokens: {tokens / timing['before']['median_ms'] * 1e3:,.0f} -> "
+                 f"{tokens / timing['after']['median_ms'] * 1e3:,.0f} tokens/s")
     larger = timing.get("at_batch")
     if larger:
         line += (f"; at batch 1 this model's calls are largely ONNX Runtime's fixed cost per call, so also timed "

@@ -215,3 +215,18 @@ def test_a_uniform_target_prune_before_a_finetune_names_the_allocation_that_may_
     assert hints == ([] if not hinted else [
         "structured_prune allocated the MACs uniformly: `--allocation sensitivity --calib-data fashion-mnist` may "
         "keep more accuracy, at about 1.3x this run's time (benchmarks/results/defaults.md)"])
+
+
+def test_a_token_models_latency_line_gives_prefill_tokens_per_second():
+    from optkit.analysis.report import onnx_latency_note
+
+    def side(ms: float) -> dict:
+        return {"median_ms": ms, "input_shape": [1, 128]}
+
+    timing = {"threads": 2, "before": side(32.0), "after": side(25.6), "speedup": 1.25, "ideal_speedup": 1.25,
+              "efficiency": 1.0, "load_avg_1min": 0.1}
+    # 128 tokens in 32 ms is 4,000 tokens/s; in 25.6 ms, 5,000.
+    assert "; prefill of 128 tokens: 4,000 -> 5,000 tokens/s;" in onnx_latency_note(timing)
+    images = {**timing, "before": {"median_ms": 32.0, "input_shape": [1, 3, 32, 32]},
+              "after": {"median_ms": 25.6, "input_shape": [1, 3, 32, 32]}}
+    assert "tokens/s" not in onnx_latency_note(images)
