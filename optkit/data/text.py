@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["PYTHON_DOCS_DIR", "SPLIT_BOUNDS", "TEXT_SUFFIXES", "TOKENIZER_FILES", "TokenBlocks", "find_tokenizer",
-           "load_tokenizer", "read_documents", "text_files", "token_blocks", "tokenize"]
+           "load_tokenizer", "next_token_dataset", "read_documents", "text_files", "token_blocks", "tokenize"]
 
 PYTHON_DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
 PYTHON_DOCS_HINT = "install them with `apt-get install python3.11-doc` (make data does), or give text:FILE or text:DIR"
@@ -260,3 +260,17 @@ def token_blocks(spec_arg: str, split: str, tokenizer_folder: str | os.PathLike,
     input_ids[:len(ids)] = ids
     mask[:len(ids)] = 1
     return TokenBlocks(input_ids.view(count, seq_len), mask.view(count, seq_len), len(ids))
+
+
+def next_token_dataset(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.utils.data.TensorDataset:
+    """``(block, next tokens)`` pairs for training a causal language model on blocks of token ids.
+
+    The label at each position is the token that follows it; the last position of a block and positions whose
+    next token is padding are labelled -100 (:data:`~optkit.passes.finetune.objectives.IGNORE_INDEX`: not scored).
+    """
+    import torch
+
+    labels = torch.full_like(input_ids, -100)
+    labels[:, :-1] = torch.where(attention_mask[:, 1:].bool(), input_ids[:, 1:], -100)
+    return torch.utils.data.TensorDataset(input_ids, labels)
+

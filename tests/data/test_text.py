@@ -157,3 +157,13 @@ def test_the_first_blocks_are_the_same_whether_or_not_the_rest_is_tokenized(tmp_
     first = token_blocks(str(texts), "train", lm, 16, max_blocks=3)
     assert len(whole.input_ids) > 3
     assert torch.equal(first.input_ids, whole.input_ids[:3]) and torch.equal(first.attention_mask, whole.attention_mask[:3])
+
+
+def test_next_token_labels_are_the_following_token_and_skip_padding_and_block_ends():
+    from optkit.data.text import next_token_dataset
+
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    dataset = next_token_dataset(ids, mask)
+    assert [dataset[i][1].tolist() for i in range(2)] == [[6, 7, 8, -100], [10, -100, -100, -100]]
+    assert torch.equal(dataset[1][0], ids[1])

@@ -38,7 +38,8 @@ from optkit.passes.device.passes import resolve_device
 from optkit.passes.finetune.checkpoints import Checkpoints, RunState, run_identity
 from optkit.runtime.distributed import (all_finite, all_reduce_sum, broadcast_buffers, init_distributed,
                                         rank_and_world, wrap_ddp)
-from optkit.passes.finetune.objectives import cosine_with_warmup, distillation_loss, param_groups
+from optkit.passes.finetune.objectives import (cosine_with_warmup, distillation_loss, output_logits, param_groups,
+                                               scored_positions)
 from optkit.passes.finetune.progress import TrainingProgress
 from optkit.passes.finetune.sampling import ResumableSampler, capped
 from optkit.passes.precision.autocast import training_dtype
@@ -101,10 +102,10 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, devic
     for inputs, labels in loader:
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits = model(inputs)
-        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
-        totals[1] += (logits.argmax(-1) == labels).sum()
-        totals[2] += labels.numel()
+            logits, scored = scored_positions(output_logits(model(inputs)), labels)
+        totals[0] += F.cross_entropy(logits.float(), scored, reduction="sum")
+        totals[1] += (logits.argmax(-1) == scored).sum()
+        totals[2] += scored.numel()
     model.train(was_training)
     loss, correct, samples = all_reduce_sum(totals).tolist()
     return {"loss": loss / max(samples, 1), "accuracy": correct / max(samples, 1), "samples": int(samples)}
@@ -212,15 +213,16 @@ class _Trainer:
     settings: Any
     masks: list[tuple[nn.Parameter, torch.Tensor]]
 
-    def loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The loss, and the logits and labels of the scored positions (a language model's are per token)."""
         with torch.autocast(inputs.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
-            logits = self.net(inputs)
+            logits, scored = scored_positions(output_logits(self.net(inputs)), labels)
             if self.teacher is None:
-                return F.cross_entropy(logits, labels), logits
+                return F.cross_entropy(logits, scored), logits, scored
             with torch.no_grad():
-                teacher_logits = self.teacher(inputs)
-            return distillation_loss(logits, teacher_logits, labels, temperature=self.settings.temperature,
-                                     alpha=self.settings.alpha), logits
+                teacher_logits, _ = scored_positions(output_logits(self.teacher(inputs)), labels)
+            return distillation_loss(logits, teacher_logits, scored, temperature=self.settings.temperature,
+                                     alpha=self.settings.alpha), logits, scored
 
     def step(self, loss: torch.Tensor) -> bool:
         """Take one optimizer step; returns whether the fp16 scaler skipped it for overflow."""
@@ -244,16 +246,16 @@ def _train_epoch(trainer: _Trainer, batches, state: RunState, *, device: torch.d
     started, seen = time.perf_counter(), 0
     for inputs, labels in batches:
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        loss, logits = trainer.loss(inputs, labels)
+        loss, logits, scored = trainer.loss(inputs, labels)
         if not all_finite(loss):
             raise _diverged(loss, state, trainer, checkpoints)
         state.skipped += trainer.step(loss)
         state.step += 1
-        state.position += labels.numel()
-        state.loss_sum += loss.item() * labels.numel()
-        state.correct += int((logits.argmax(-1) == labels).sum())
-        state.samples += labels.numel()
-        seen += labels.numel() * world
+        state.position += len(labels)
+        state.loss_sum += loss.item() * scored.numel()
+        state.correct += int((logits.argmax(-1) == scored).sum())
+        state.samples += scored.numel()
+        seen += len(labels) * world
         bar.update(loss=state.loss_sum / state.samples, accuracy=state.correct / state.samples,
                    images_per_s=seen / max(time.perf_counter() - started, 1e-9), epoch=state.epoch)
         every = trainer.settings.checkpoint_every

@@ -11,6 +11,26 @@ import torch.nn.functional as F
 from torch import nn
 
 _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+#: A label that is not scored: a language model's position with no next token (padding, a block's end).
+IGNORE_INDEX = -100
+
+
+def output_logits(output: object) -> torch.Tensor:
+    """The logits of a forward pass: the tensor itself, a Hugging Face output's ``logits``, or a tuple's first."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    return output[0]
+
+
+def scored_positions(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits, labels)`` of the scored positions only, one row each: a classifier's ``(batch, classes)`` as it
+    is, a language model's ``(batch, length, vocabulary)`` flattened with :data:`IGNORE_INDEX` labels left out."""
+    flat_logits, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    keep = flat_labels != IGNORE_INDEX
+    return flat_logits[keep], flat_labels[keep]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -37,7 +37,8 @@ class FineTune(Pass):
     name = "finetune"
     stage = Stage.TRAIN
     data: str = setting(dataset=True, help="Dataset spec to train on: fashion-mnist[:DIR], imagefolder:DIR, mnist:DIR, "
-                        "cifar10:DIR, synthetic:N[:CxHxW[:K]].", flag="finetune", enables=True, metavar="SPEC",
+                        "cifar10:DIR, synthetic:N[:CxHxW[:K]]; text[:FILE|DIR] trains a causal language model on the next "
+                        "token.", flag="finetune", enables=True, metavar="SPEC",
                         example="synthetic:64:1x28x28:10")
     epochs: int = setting(2, help="Passes over the training split.", low=1, flag="epochs")
     batch_size: int = setting(128, help="Samples per step on each process.", low=1, flag="batch-size")
@@ -90,12 +91,13 @@ class FineTune(Pass):
         from optkit.core.errors import DataError
         from optkit.data import dataset_info, load_dataset
         from optkit.data.adapt import adapted, check_fits
-        from optkit.analysis.metrics import model_device
-        from optkit.passes.finetune.loop import fit
+        from optkit.data.specs import is_text
 
         if self.distill and self.teacher is None:
             raise DataError("distill needs the model before pruning: run the pass in a Pipeline, "
                             "or give teacher=MODEL (optkit finetune --teacher SPEC)")
+        if is_text(self.data):
+            return self._train_on_text(model)
         info = dataset_info(self.data)
         shape = self.input_shape or (1, info.channels, *info.image_size)
         check_fits(model, shape, info.num_classes, self.data)
@@ -103,6 +105,30 @@ class FineTune(Pass):
         train_set = adapted(load_dataset(self.data, "train"), shape)
         val_set = adapted(load_dataset(self.data, "val"), shape)
         warning = _chance_warning(model, val_set, info.num_classes, self.data)
+        return self._fit(model, train_set, val_set, [warning])
+
+    def _train_on_text(self, model: nn.Module) -> PassResult:
+        """A causal language model learns the next token of text blocks as long as its example inputs (the
+        whole train split, or ``max_train_samples`` blocks of it); the first :data:`TEXT_VAL_BLOCKS` blocks of
+        ``val`` pick the best epoch by next-token top-1."""
+        from optkit.analysis.evaluation import DataReaders
+        from optkit.data.text import next_token_dataset
+
+        seq_len = self.input_shape[-1] if self.input_shape and len(self.input_shape) == 2 else TEXT_SEQ_LEN
+        config = getattr(model, "config", None)
+        readers = DataReaders(model)
+
+        def blocks(split: str, count: int):
+            return next_token_dataset(*readers.token_blocks(
+                self.data, split, seq_len, count, vocab_size=getattr(config, "vocab_size", None),
+                max_positions=getattr(config, "max_position_embeddings", None)))
+
+        return self._fit(model, blocks("train", self.max_train_samples or 10 ** 9), blocks("val", TEXT_VAL_BLOCKS), [])
+
+    def _fit(self, model: nn.Module, train_set, val_set, notes: list[str | None]) -> PassResult:
+        from optkit.analysis.metrics import model_device
+        from optkit.passes.finetune.loop import fit
+
         home = model_device(model)
         result = fit(model, train_set, val_set, self, teacher=self.teacher if self.distill else None)
         result.model.to(home)
@@ -113,10 +139,16 @@ class FineTune(Pass):
                    "history": result.history}
         if result.skipped_steps:
             details["skipped_fp16_steps"] = result.skipped_steps
-        notes = [note for note in (result.resumed, warning) if note]
+        notes = [note for note in (result.resumed, *notes) if note]
         if notes:
             details["notes"] = notes
         return PassResult(result.model, details)
+
+
+#: Tokens per training block when the pipeline gives no sequence length.
+TEXT_SEQ_LEN = 128
+#: Validation blocks scored after each epoch of training on text.
+TEXT_VAL_BLOCKS = 128
 
 
 def _is_module(value: Any) -> bool:

@@ -155,3 +155,20 @@ def test_a_parameter_target_split_between_heads_and_mlp_keeps_the_mix_with_the_l
     # The recorded figure is the kind's perplexity on the first val blocks, recomputed here on the kept model.
     val = load_eval_set(EvalSettings(data=f"text:{text}", samples=VAL_BLOCKS), model, (1, 32), split="val")
     assert score(torch_logits(pruned, val), val)["perplexity"] == pytest.approx(chosen["val_loss"], rel=1e-3)
+
+
+def test_finetune_on_text_trains_a_causal_lm_on_the_next_token(tmp_path):
+    from optkit.analysis.evaluation import EvalSettings, load_eval_set, score, torch_logits
+    from optkit.passes.finetune.passes import FineTune
+
+    model = _llama_with_the_shipped_tokenizer(tmp_path / "lm")
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(f"Line {i}: the function returns a list of {i % 9} values." for i in range(1500)))
+    val = load_eval_set(EvalSettings(data=f"text:{text}", samples=32), model, (1, 32), split="val")
+    before = score(torch_logits(model, val), val)["perplexity"]
+    result = FineTune(data=f"text:{text}", epochs=1, max_steps=30, batch_size=8, lr=3e-3, input_shape=(1, 32),
+                      amp="off", num_workers=0).apply(model)
+    after = score(torch_logits(result.model, val), val)["perplexity"]
+    assert after < 0.5 * before  # random weights start near the vocabulary size; the repeated text is easy
+    history = result.details["history"]
+    assert len(history) == 1 and history[0]["val_accuracy"] > 0.2
