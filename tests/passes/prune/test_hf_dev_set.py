@@ -25,17 +25,11 @@ from optkit.cli import main  # noqa: E402
 from optkit.io.models import load_model  # noqa: E402
 
 SEQ_LEN = 16
-# Where optkit falls short today (benchmarks/results/hf-zoo.md), each with the place that needs the change.
-HEADS_REFUSED = ("the stock class derives the head width from hidden/heads, so prune_transformer leaves the heads "
-                 "(fewer heads need a narrower hidden size, which optkit does not prune yet) and parameters stay "
-                 "above 0.8x")
-MOE_EXPORT = ("ONNX export of the mixture-of-experts routing fails (torchscript: aten::histc has no ONNX "
-              "symbolic at opset 18; dynamo fails too): optkit/export needs an export view that routes without histc")
+# Where optkit falls short today (benchmarks/results/hf-zoo.md), with the place that needs the change.
 PER_STAGE_HEADS = ("swin's num_heads is a per-stage list, so the transformer engine does not take it and channel "
                    "pruning narrows every stage; its config cannot describe that, so no save_pretrained folder is "
                    "written (report.md says so)")
-KNOWN = {"gpt2": HEADS_REFUSED, "opt": HEADS_REFUSED, "gpt_neox": HEADS_REFUSED, "bert": HEADS_REFUSED,
-         "roberta": HEADS_REFUSED, "distilbert": HEADS_REFUSED, "mixtral": MOE_EXPORT, "swin": PER_STAGE_HEADS}
+KNOWN = {"swin": PER_STAGE_HEADS}
 TYPES = [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN[t])) if t in KNOWN else t for t in DEV_SET]
 
 
