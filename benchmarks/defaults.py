@@ -93,7 +93,7 @@ class Variant:
 
 DEFAULT = Variant("default", "default", "the documented flags")
 #: The default of each factor, as the rows call it.
-FACTOR_DEFAULTS = {"distillation": "off", "allocation": "uniform", "learning rate": "1e-3",
+FACTOR_DEFAULTS = {"distillation": "off", "allocation": "uniform", "learning rate": "3e-3",
                    "BN recalibration": "off", "bias correction": "on", "iterative steps": "1",
                    "seed": "0"}
 VARIANTS = (
@@ -101,10 +101,10 @@ VARIANTS = (
     Variant("distill", "distillation", "on", flags=("--distill",)),
     Variant("sensitivity", "allocation", "sensitivity", prune={"allocation": "sensitivity"}, data=True),
     Variant("recalibrate-bn 20", "BN recalibration", "20 batches", flags=("--recalibrate-bn", "20"), data=True),
-    Variant("lr 3e-3", "learning rate", "3e-3", flags=("--lr", "3e-3")),
+    Variant("lr 1e-3", "learning rate", "1e-3", flags=("--lr", "1e-3")),
     Variant("no bias correction", "bias correction", "off", prune={"bias_correction": False}),
     Variant("iterative-steps 3", "iterative steps", "3", prune={"iterative_steps": 3}),
-    Variant("lr 3e-4", "learning rate", "3e-4", flags=("--lr", "3e-4")),
+    Variant("lr 1e-2", "learning rate", "1e-2", flags=("--lr", "1e-2")),
     Variant("seed 1", "seed", "1", flags=("--seed", "1")),
 )
 #: Factors never chosen for the combination: the seed only measures the noise.

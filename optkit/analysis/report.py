@@ -145,7 +145,7 @@ def _allocation_hint(run: PipelineRun) -> list[str]:
         return []
     data = tunes[0].details["data"]
     return [f"structured_prune allocated the MACs uniformly: `--allocation sensitivity --calib-data {data}` may keep "
-            "more accuracy, at about 1.3x this run's time (benchmarks/results/defaults.md)"]
+            "more accuracy, at about 1.5x this run's time (benchmarks/results/defaults.md)"]
 
 
 def onnx_latency_note(timing: dict[str, Any]) -> str:
