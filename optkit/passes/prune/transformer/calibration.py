@@ -10,13 +10,13 @@ token of the calibration batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["input_norms", "text_batches"]
+__all__ = ["input_norms", "run_with_inputs", "text_batches"]
 
 
 def input_norms(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -32,18 +32,30 @@ def input_norms(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) ->
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
 
-    def accumulate(name: str):
+    def accumulate(name: str, x: torch.Tensor) -> None:
+        x = x.float()
+        sums[name] = sums.get(name, 0) + x.pow(2).sum(0)
+        counts[name] = counts.get(name, 0) + len(x)
+
+    names = [name for name, module in model.named_modules()
+             if not isinstance(module, nn.Embedding) and isinstance(getattr(module, "weight", None), torch.Tensor)
+             and module.weight.dim() == 2]
+    run_with_inputs(model, names, batches, accumulate)
+    return {name: (total / counts[name]).sqrt().cpu() for name, total in sums.items()}
+
+
+def run_with_inputs(model: nn.Module, names: Iterable[str], batches: Iterable[dict[str, torch.Tensor]],
+                    record: Callable[[str, torch.Tensor], None]) -> None:
+    """Run ``model`` on ``batches`` (eval mode, no gradients; its mode is restored) and hand every floating-point
+    input of the named modules to ``record(name, x)``, flattened to one row per token (``tokens × channels``)."""
+    def hook_for(name: str):
         def hook(module: nn.Module, args: tuple) -> None:
-            if not args or not isinstance(args[0], torch.Tensor) or not args[0].is_floating_point():
-                return
-            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
-            sums[name] = sums.get(name, 0) + x.pow(2).sum(0)
-            counts[name] = counts.get(name, 0) + len(x)
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+                record(name, args[0].detach().reshape(-1, args[0].shape[-1]))
         return hook
 
-    handles = [module.register_forward_pre_hook(accumulate(name)) for name, module in model.named_modules()
-               if not isinstance(module, nn.Embedding) and isinstance(getattr(module, "weight", None), torch.Tensor)
-               and module.weight.dim() == 2]
+    modules = dict(model.named_modules())
+    handles = [modules[name].register_forward_pre_hook(hook_for(name)) for name in names]
     was_training = model.training
     model.eval()
     try:
@@ -54,7 +66,6 @@ def input_norms(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) ->
         for handle in handles:
             handle.remove()
         model.train(was_training)
-    return {name: (total / counts[name]).sqrt().cpu() for name, total in sums.items()}
 
 
 def text_batches(model: nn.Module, spec: str, seq_len: int, batches: int, batch_size: int) -> list[dict[str, Any]]:

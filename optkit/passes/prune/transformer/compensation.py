@@ -77,26 +77,15 @@ def _narrowed_layers(original: nn.Module, pruned: nn.Module) -> dict[str, tuple[
 
 
 def _input_grams(model: nn.Module, layers: dict, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    from optkit.passes.prune.transformer.calibration import run_with_inputs
+
     grams: dict[str, torch.Tensor] = {}
 
-    def accumulate(name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
-            x = args[0].detach().double().reshape(-1, args[0].shape[-1])
-            grams[name] = grams.get(name, 0) + x.t() @ x
-        return hook
+    def accumulate(name: str, x: torch.Tensor) -> None:
+        x = x.double()
+        grams[name] = grams.get(name, 0) + x.t() @ x
 
-    modules = dict(model.named_modules())
-    handles = [modules[name].register_forward_pre_hook(accumulate(name)) for name in layers]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                model(**batch)
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+    run_with_inputs(model, layers, batches, accumulate)
     return grams
 
 
