@@ -116,3 +116,9 @@ def test_export_refuses_deployment_flags_that_do_not_fit(weights, tmp_path, extr
     result = _export(weights, "--arch", ARCH, "--onnx", tmp_path / "fashion.onnx", *extra)
     assert result.exit_code == 2 and message in " ".join(result.output.split())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_refuses_openvino_on_another_device_before_timing_anything():
+    result = CliRunner().invoke(main, ["bench", str(FASHION_RESNET), "--engine", "openvino", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert "optkit runs OpenVINO on the CPU: use --device cpu with --engine openvino" in " ".join(result.output.split())
