@@ -27,6 +27,7 @@ from optkit.data.datasets import FASHION_MNIST_DIR
 
 FASHION = (Path(FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file()
 SHIPPED = ROOT / "optkit" / "demo" / "fashion_resnet.pt"
+SHIPPED_LM = ROOT / "optkit" / "demo" / "python_docs_lm"
 README = [line for line in documented_lines() if line.page == "README.md"]
 DEMO = demo_command()
 
@@ -60,6 +61,7 @@ def checkout(here: Path) -> None:
     (here / SHIPPED.relative_to(ROOT)).parent.mkdir(parents=True)
     shutil.copy(SHIPPED, here / SHIPPED.relative_to(ROOT))
     shutil.copy(SHIPPED, here / "model.pt")
+    shutil.copytree(SHIPPED_LM, here / SHIPPED_LM.relative_to(ROOT))
 
 
 def run(args: list[str], where: str) -> str:
