@@ -230,3 +230,13 @@ def test_a_token_models_latency_line_gives_prefill_tokens_per_second():
     images = {**timing, "before": {"median_ms": 32.0, "input_shape": [1, 3, 32, 32]},
               "after": {"median_ms": 25.6, "input_shape": [1, 3, 32, 32]}}
     assert "tokens/s" not in onnx_latency_note(images)
+
+
+def test_a_transformer_target_prune_with_an_even_split_names_the_mix_allocation():
+    step = ModelStats(params=800, macs=8_000, sparsity=0.0)
+    for details, hinted in (({"target": "params", "transformer": {}}, True),
+                            ({"target": "params", "transformer": {}, "allocation": "mix"}, False)):
+        run = PipelineRun(nn.Identity(), ModelStats(params=1000, macs=10_000, sparsity=0.0), step,
+                          [PassRecord("structured_prune", 1.0, step, details)])
+        notes = build_report(run, model="m", input_shape=(1, 128))["notes"]
+        assert any("splits the cut between them by validation perplexity" in n for n in notes) == hinted
