@@ -491,7 +491,7 @@ def test_cli_export_refuses_to_overwrite_without_force(tmp_path):
 def test_optimize_export_onnx_writes_model_onnx_beside_model_pt(tmp_path):
     out = tmp_path / "run"
     result = _invoke("optimize", "torchvision:resnet18", "--num-classes", 10, "--input-shape", "1,3,64,64",
-                     "--prune", 0.3, "--export", "onnx", "--out", out)
+                     "--prune", 0.3, "--export", "onnx", "--no-latency", "--out", out)
     assert result.exit_code == 0, result.output
     assert sorted(os.listdir(out)) == ["channels.png", "model.onnx", "model.pt", "recipe.toml", "report.json", "report.md"]
     report = json.loads((out / "report.json").read_text())
@@ -506,7 +506,7 @@ def test_optimize_export_onnx_writes_model_onnx_beside_model_pt(tmp_path):
 def test_optimize_unstructured_export_reports_compressed_sizes(tmp_path):
     out = tmp_path / "run"
     result = _invoke("optimize", "torchvision:resnet18", "--num-classes", 10, "--input-shape", "1,3,64,64",
-                     "--prune", 0.5, "--method", "unstructured", "--export", "onnx", "--out", out)
+                     "--prune", 0.5, "--method", "unstructured", "--export", "onnx", "--no-latency", "--out", out)
     assert result.exit_code == 0, result.output
     exported = json.loads((out / "report.json").read_text())["export"]
     assert exported["weights_after"]["weights"] == exported["weights_before"]["weights"]
