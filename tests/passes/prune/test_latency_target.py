@@ -56,6 +56,7 @@ def test_latency_target_lands_near_the_measured_fraction():
     assert out.shape == (1, 10)
 
 
+@pytest.mark.slow  # a whole timed latency search (70 s here); the search itself runs in the test above
 def test_round_to_auto_picks_a_candidate():
     d = StructuredPrune(target_latency=0.6, round_to="auto", input_shape=SHAPE, latency_threads=1).apply(
         _model()).details
