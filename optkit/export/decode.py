@@ -1,0 +1,347 @@
+"""A causal language model's step with a KV cache, as a verified ONNX graph, and its decode speed.
+
+``model.onnx`` of a language model maps a whole sequence to its logits. Generating
+text one token at a time needs the keys and values of the tokens already seen:
+the *decode step* graph takes ``input_ids`` (N,T), ``attention_mask`` (N,P+T) and
+every layer's cached ``past.I.key`` / ``past.I.value`` (N,KV heads,P,head dim),
+and returns ``logits`` and ``present.I.key`` / ``present.I.value`` with the new
+tokens appended. With P = 0 it is a prefill, with T = 1 one decode step, so the
+one file generates text in ONNX Runtime (:func:`generate_onnx`).
+
+The graph is traced through the stock ``transformers`` cache, so nothing here
+depends on the architecture's name: a model is supported when it generates and
+its forward accepts a ``DynamicCache``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.errors import ExportError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from torch import nn
+
+FILE_SUFFIX = ".decode.onnx"
+#: Tokens of the prompt before the timed decode steps, and the steps timed per round.
+PROMPT_TOKENS = 128
+DECODE_STEPS = 32
+#: Traced with several new tokens on a non-empty cache, so that neither count is baked into the graph.
+TRACE_NEW, TRACE_PAST = 3, 5
+DEFAULT_RTOL = 1e-3
+#: Names of the KV cache argument and output field, newest first.
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+@dataclass
+class DecodeExport:
+    """A written decode-step graph and how it was checked.
+
+    Attributes:
+        path: the file.
+        layers: cached layers (two inputs each, key and value).
+        checks: ``(new tokens, cached tokens, max |diff|, tolerance)`` per verification call.
+        seconds: wall time.
+    """
+
+    path: str
+    layers: int
+    checks: list[tuple[int, int, float, float]]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decode_path(onnx_path: str | os.PathLike) -> Path:
+    """Where the decode graph of ``NAME.onnx`` goes: ``NAME.decode.onnx``."""
+    path = Path(onnx_path)
+    return path.with_name(path.name.removesuffix(".onnx") + FILE_SUFFIX)
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why ``model`` has no decode step here, or ``None`` when it has one."""
+    can_generate = getattr(model, "can_generate", None)
+    if not callable(can_generate) or not can_generate():
+        return f"{type(model).__name__} does not generate text"
+    if cache_keyword(model) is None:
+        return f"{type(model).__name__}.forward takes no cache"
+    return None
+
+
+def cache_keyword(model: nn.Module) -> str | None:
+    """The keyword ``model.forward`` takes its KV cache by (``cache`` in recent ``transformers``), or ``None``."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in CACHE_KEYWORDS if name in parameters), None)
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a model's output carries."""
+    return next(getattr(output, name) for name in CACHE_KEYWORDS if getattr(output, name, None) is not None)
+
+
+def decode_step(model: nn.Module) -> nn.Module:
+    """``model`` called with its cache as flat tensors: the module the decode graph is traced from."""
+    from torch import nn
+    from transformers import DynamicCache
+
+    keyword = cache_keyword(model)
+
+    class DecodeStep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache(config=self.model.config)
+            for layer in range(len(past) // 2):
+                cache.update(past[2 * layer], past[2 * layer + 1], layer)
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                                **{keyword: cache})
+            flat = []
+            for layer in returned_cache(output).layers:
+                flat += [layer.keys, layer.values]
+            return (output.logits, *flat)
+
+    return DecodeStep().eval()
+
+
+def cache_shapes(model: nn.Module) -> list[tuple[int, ...]]:
+    """Each cached tensor's shape after one token, ``(1, KV heads, 1, head dim)``, keys and values by layer."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        output = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=True)
+    return [tuple(t.shape) for layer in returned_cache(output).layers for t in (layer.keys, layer.values)]
+
+
+def names(layers: int) -> tuple[list[str], list[str]]:
+    """The graph's input and output names for ``layers`` cached layers."""
+    cached = [f"{{}}.{layer}.{which}" for layer in range(layers) for which in ("key", "value")]
+    return (["input_ids", "attention_mask", *(n.format("past") for n in cached)],
+            ["logits", *(n.format("present") for n in cached)])
+
+
+def example(model: nn.Module, shapes: list[tuple[int, ...]], *, batch: int, new: int, past: int,
+            seed: int) -> list[torch.Tensor]:
+    """Random inputs of the decode step: token ids, a mask of ones, and a random cache of ``past`` tokens."""
+    import torch
+
+    from optkit.kinds.tokens import vocab_size
+
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size(model), (batch, new), generator=generator)
+    mask = torch.ones(batch, past + new, dtype=torch.long)
+    cache = [torch.randn(batch, s[1], past, s[3], generator=generator) for s in shapes]
+    return [ids, mask, *cache]
+
+
+def export_decode(model: nn.Module, path: str | os.PathLike, *, opset: int = 17,
+                  rtol: float = DEFAULT_RTOL) -> DecodeExport:
+    """Write the decode-step graph of a causal LM, verified against PyTorch in ONNX Runtime.
+
+    Checked at batch 2, one row left-padded, on a prefill (4 new tokens, empty cache) and a decode step (1 new
+    token on 7 cached ones): the logits and every present key/value must match PyTorch within ``rtol`` times
+    that output's largest value.
+
+    Raises:
+        ExportError: for a model without a decode step (see :func:`unsupported`) or a graph that does not
+            verify; nothing is written then.
+    """
+    import torch
+
+    from optkit.export.onnx import prepare_for_export
+
+    start = time.perf_counter()
+    reason = unsupported(model)
+    if reason:
+        raise ExportError(f"no decode step to export: {reason}")
+    prepared = prepare_for_export(model).cpu().float().eval()
+    shapes = cache_shapes(prepared)
+    step = decode_step(prepared)
+    inputs, outputs = names(len(shapes) // 2)
+    dynamic = {"input_ids": {0: "batch", 1: "new"}, "attention_mask": {0: "batch", 1: "total"},
+               **{n: {0: "batch", 2: "past"} for n in inputs[2:]}, "logits": {0: "batch", 1: "new"},
+               **{n: {0: "batch", 2: "total"} for n in outputs[1:]}}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".export", dir=target.parent))
+    try:
+        out = scratch / target.name
+        trace = example(prepared, shapes, batch=1, new=TRACE_NEW, past=TRACE_PAST, seed=0)
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(step, tuple(trace), str(out), input_names=inputs, output_names=outputs,
+                                  dynamic_axes=dynamic, opset_version=opset, dynamo=False)
+        except Exception as e:
+            raise ExportError(f"the decode step of {type(model).__name__} did not export ({_first_line(e)}); "
+                              "nothing was written") from e
+        checks = [_verify(step, out, prepared, shapes, new=new, past=past, rtol=rtol)
+                  for new, past in ((4, 0), (1, 7))]
+        os.replace(out, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return DecodeExport(str(target), len(shapes) // 2, checks, round(time.perf_counter() - start, 3))
+
+
+def _verify(step: nn.Module, path: Path, model: nn.Module, shapes: list[tuple[int, ...]], *, new: int, past: int,
+            rtol: float) -> tuple[int, int, float, float]:
+    import numpy as np
+    import torch
+
+    inputs = example(model, shapes, batch=2, new=new, past=past, seed=new + past)
+    inputs[1][1, :2] = 0  # the second row is left-padded: the graph must honour the mask
+    with torch.no_grad():
+        expected = [t.numpy() for t in step(*inputs)]
+    try:
+        actual = session(path).run(None, feed(path, inputs))
+    except Exception as e:
+        raise ExportError(f"ONNX Runtime failed to run the decode step ({_first_line(e)}); nothing was written") from e
+    # Each output against its own scale: the logits' error is not hidden by larger cached values.
+    diff, tolerance = max(((float(np.abs(a - e).max()), rtol * float(np.abs(e).max()))
+                           for a, e in zip(actual, expected)), key=lambda pair: pair[0] / max(pair[1], 1e-30))
+    if diff > tolerance:
+        raise ExportError(f"the decode step differs from PyTorch with {new} new and {past} cached tokens: max |diff| "
+                          f"{diff:.3g} > tolerance {tolerance:.3g}; nothing was written")
+    return new, past, diff, tolerance
+
+
+def session(path: str | os.PathLike, threads: int | None = None, *, spinning: bool = False):
+    """An ONNX Runtime CPU session of a decode graph (every core unless ``threads``)."""
+    from optkit.analysis.latency import onnx_session
+
+    return onnx_session(path, threads or os.cpu_count() or 1, spinning=spinning)
+
+
+def feed(path_or_session: Any, inputs: list[torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
+    """The ONNX Runtime feed of decode-step inputs given in :func:`names` order."""
+    import numpy as np
+
+    layers = (len(inputs) - 2) // 2
+    values = [t if isinstance(t, np.ndarray) else t.detach().cpu().numpy() for t in inputs]
+    return dict(zip(names(layers)[0], values))
+
+
+def generate_onnx(path: str | os.PathLike, prompt: list[int], tokens: int, *, threads: int | None = None) -> list[int]:
+    """Greedy generation of ``tokens`` ids after ``prompt`` with a decode graph in ONNX Runtime."""
+    import numpy as np
+
+    ids, _ = _generate(session(path, threads), prompt, tokens, timed=False)
+    return ids
+
+
+def _empty_cache(sess) -> list[np.ndarray]:
+    import numpy as np
+
+    past = [i for i in sess.get_inputs() if i.name.startswith("past.")]
+    return [np.zeros((1, i.shape[1], 0, i.shape[3]), dtype=np.float32) for i in past]
+
+
+def _generate(sess, prompt: list[int], tokens: int, *, timed: bool) -> tuple[list[int], list[float]]:
+    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step."""
+    import numpy as np
+
+    ids = np.asarray([prompt], dtype=np.int64)
+    cache = _empty_cache(sess)
+    out = sess.run(None, _feed_arrays(ids, np.ones_like(ids), cache))
+    generated, times = [], []
+    total = ids.shape[1]
+    for _ in range(tokens):
+        next_id = int(out[0][0, -1].argmax())
+        generated.append(next_id)
+        total += 1
+        step_ids = np.asarray([[next_id]], dtype=np.int64)
+        begin = time.perf_counter()
+        out = sess.run(None, _feed_arrays(step_ids, np.ones((1, total), dtype=np.int64), out[1:]))
+        if timed:
+            times.append((time.perf_counter() - begin) * 1e3)
+    return generated, times
+
+
+def _feed_arrays(ids, mask, cache) -> dict[str, np.ndarray]:
+    return dict(zip(names(len(cache) // 2)[0], [ids, mask, *cache]))
+
+
+def onnx_decode_speed(paths: list[str | os.PathLike], *, prompt_tokens: int = PROMPT_TOKENS,
+                      steps: int = DECODE_STEPS, rounds: int = 5, threads: int | None = None,
+                      seed: int = 0) -> list[dict[str, Any]]:
+    """Decode speed of several decode graphs at batch 1 in ONNX Runtime, timed in alternating rounds.
+
+    Each round prefills the same random prompt of ``prompt_tokens`` tokens in every file (untimed), then
+    times ``steps`` greedy one-token steps; the first round is a warm-up. Pool threads do not spin, so one
+    session does not slow the other.
+
+    Returns:
+        per file ``median_ms`` (one step), ``p90_ms``, ``tokens_per_s`` (1000 / median) and ``steps`` timed.
+    """
+    import numpy as np
+
+    threads = threads or os.cpu_count() or 1
+    sessions = [session(p, threads) for p in paths]
+    vocab = min(int(s.get_outputs()[0].shape[-1]) if isinstance(s.get_outputs()[0].shape[-1], int) else 2 ** 31
+                for s in sessions)
+    prompt = np.random.default_rng(seed).integers(0, min(vocab, 2 ** 31 - 1), prompt_tokens).tolist()
+    times: list[list[float]] = [[] for _ in paths]
+    for round_index in range(rounds + 1):
+        for index, sess in enumerate(sessions):
+            _, steps_ms = _generate(sess, prompt, steps, timed=True)
+            if round_index:
+                times[index] += steps_ms
+    return [_speed(t, threads) for t in times]
+
+
+def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, steps: int = DECODE_STEPS,
+                       rounds: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Decode speed of a causal LM in PyTorch eager at batch 1, with its own KV cache, on the model's device."""
+    import torch
+
+    from optkit.kinds.tokens import vocab_size
+
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab_size(model), (1, prompt_tokens), generator=generator).to(device)
+    keyword = cache_keyword(model)
+    times: list[float] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for round_index in range(rounds + 1):
+                output = model(input_ids=prompt, use_cache=True)
+                for _ in range(steps):
+                    next_id = output.logits[:, -1:].argmax(-1)
+                    begin = time.perf_counter()
+                    output = model(input_ids=next_id, use_cache=True, **{keyword: returned_cache(output)})
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    if round_index:
+                        times.append((time.perf_counter() - begin) * 1e3)
+    finally:
+        model.train(was_training)
+    return _speed(times, torch.get_num_threads())
+
+
+def _speed(times_ms: list[float], threads: int) -> dict[str, Any]:
+    import numpy as np
+
+    median = float(np.median(times_ms))
+    return {"median_ms": round(median, 4), "p90_ms": round(float(np.percentile(times_ms, 90)), 4),
+            "tokens_per_s": round(1e3 / median, 1), "steps": len(times_ms), "threads": threads}
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(error).__name__
