@@ -168,13 +168,42 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     with tempfile.TemporaryDirectory(prefix="optkit-original-") as scratch:
         original_onnx = (_export_original(loaded.model, Path(scratch), pipeline.input_shape)
                          if exports and latency is not False and main else None)
+        generation = (_generation_probe(loaded, scorer, Path(scratch) if original_onnx is not None else None)
+                      if latency is not False and main else None)
         return _run_and_write(loaded, pipeline, context, on_pass=on_pass, scorer=scorer,
                               weights_before=weights_before, channels=channels, timings=timings,
-                              original_onnx=original_onnx)
+                              original_onnx=original_onnx, generation=generation)
+
+
+def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path | None):
+    """The decode speed and greedy sample of a causal LM before the passes (``None`` for other models).
+
+    The prompt is the start of the first evaluation block when the run scores text, else the tokenizer's
+    beginning-of-text token.
+    """
+    from optkit.analysis.evaluation import tokenizer_folders
+    from optkit.analysis.generation import PROMPT_TOKENS, GenerationProbe
+    from optkit.core.errors import DataError
+    from optkit.data.text import find_tokenizer, load_tokenizer
+    from optkit.export.decode import unsupported
+
+    model = checkpoint.unwrap(loaded.model)
+    if unsupported(model) is not None:
+        return None
+    try:
+        tokenizer = load_tokenizer(find_tokenizer(tokenizer_folders(model, loaded.source)))
+    except DataError:
+        tokenizer = None
+    prompt = None
+    if scorer is not None and scorer.eval_set.kind == "tokens":
+        ids = scorer.eval_set.model_inputs().first()[0]
+        prompt = ids[:PROMPT_TOKENS].tolist()
+    return GenerationProbe.start(model, tokenizer=tokenizer, prompt=prompt, scratch=scratch)
 
 
 def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext, *, on_pass, scorer: Scorer | None,
-                   weights_before, channels: dict, timings: dict | None, original_onnx: Path | None) -> dict[str, Any]:
+                   weights_before, channels: dict, timings: dict | None, original_onnx: Path | None,
+                   generation=None) -> dict[str, Any]:
     """Run the passes, then write every output together (see :func:`optimize`)."""
     out = context.out_dir
     after_pass = scorer.after_pass if scorer is not None else None
@@ -216,6 +245,11 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
             report["notes"].extend(section["notes"])
         if exported and (note := missing_openvino_note()) and note not in report["notes"]:
             report["notes"].append(note)
+        if generation is not None:
+            export_details = next((r.details for r in full_run.records if r.name == "export_onnx"), {})
+            decode_file = (exported_file.with_name(export_details["decode"]["path"])
+                           if "decode" in export_details else None)
+            report["generation"] = generation.finish(checkpoint.unwrap(run.model), decode_file)
         if scorer is not None:
             report["evaluation"] = scorer.section()
             report["accuracy"] = scorer.accuracy()
@@ -390,6 +424,14 @@ def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
     return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}
 
 
+def decode_note(decode: dict[str, Any]) -> str:
+    """One line on the decode-step graph an export wrote beside ``model.onnx``."""
+    checks = "; ".join(f"{new} new on {past} cached tokens: max |diff| {diff:.2g} <= {tolerance:.2g}"
+                       for new, past, diff, tolerance in decode["checks"])
+    return (f"{decode['path']}: one step with a KV cache over {decode['layers']} layers (a prefill or a decode step; "
+            f"generates text in ONNX Runtime), verified against PyTorch ({checks})")
+
+
 def _export_section(details: dict[str, Any], model, weights_before: dict[str, int]) -> dict[str, Any]:
     """The report's ``export`` section: what ``export_onnx`` wrote, with weight sizes before and after the passes."""
     result = dict(details)
@@ -402,5 +444,5 @@ def _export_section(details: dict[str, Any], model, weights_before: dict[str, in
                        f"in ONNX Runtime ({checks})",
                        f"weights: {weights_before['weights']:,} -> {after['weights']:,} bytes raw, "
                        f"{weights_before['weights_gzip']:,} -> {after['weights_gzip']:,} bytes gzipped",
-                       *result["notes"]]
+                       *([decode_note(result["decode"])] if "decode" in result else []), *result["notes"]]
     return result

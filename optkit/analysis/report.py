@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from optkit.analysis.generation import generation_lines
 from optkit.core.pipeline import PipelineRun
 
 NO_LATENCY_NOTE = (
@@ -270,6 +271,8 @@ def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
             lines += [f"- {name}: `{layer}`: {reason}" for layer, reason in layers.items()]
     lines += _evaluation_lines(report.get("evaluation"))
     lines += _export_lines(report.get("export"))
+    if report.get("generation"):
+        lines += ["", "## Generation", ""] + [f"- {line}" for line in generation_lines(report["generation"])]
     if report["files"]:
         lines += ["", "## Files", ""] + [f"- `{name}`: {size:,} bytes" for name, size in report["files"].items()]
     if report["notes"]:
@@ -393,6 +396,7 @@ def plot_channels(report: dict[str, Any], path: str | os.PathLike) -> bool:
 def print_report(report: dict[str, Any], console=None) -> None:
     """Print the before/after table (and notes) to the console with rich."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -406,5 +410,7 @@ def print_report(report: dict[str, Any], console=None) -> None:
         console.print(evaluation_table(report["evaluation"]))
     for p in report["passes"]:
         console.print(f"  {p['name']}: {p['seconds']:.2f} s")
+    for line in generation_lines(report["generation"]) if report.get("generation") else ():
+        console.print(f"[cyan]generation:[/cyan] {escape(line)}", highlight=False)
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")

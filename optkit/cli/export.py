@@ -12,6 +12,7 @@ import click
 from optkit.cli import generated
 from optkit.cli._options import eval_options, eval_settings, model_options
 from optkit.cli._run import int8_options
+from optkit.export.decode import decode_path, unsupported
 from optkit.export.settings import ExportSettings
 from optkit.passes.deploy.passes import Deploy, OpenVino, openvino_path
 from optkit.passes.deploy.settings import CheckSettings
@@ -71,6 +72,9 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
 
             check_available(step.calib_data)
     loaded = models.load(model, arch=arch, num_classes=num_classes, trust=trust)
+    decode_file = decode_path(onnx_path)
+    if export.decode_graph and decode_file.exists() and not force and unsupported(loaded.model) is None:
+        raise OptkitError(f"{decode_file} already exists; pass --force to overwrite it or choose another --onnx path")
     shape = input_shape or models.infer_input_shape(loaded)
     workflow.check_runs(loaded, shape)
     scorer = workflow.Scorer(evaluation, loaded.model, shape) if evaluation is not None else None
@@ -90,6 +94,9 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
     click.echo(f"Wrote {target} ({result['file_size']:,} bytes, {result['compressed_size']:,} gzipped) "
                f"with the {result['exporter']} exporter, opset {result['opset']}")
     click.echo(f"Verified with ONNX Runtime: {checks}")
+    if "decode" in result:
+        click.echo(f"Wrote {decode_path(target).name} beside it ({result['decode']['file_size']:,} bytes): "
+                   "one step with a KV cache, to generate text in ONNX Runtime")
     int8_lines = [_int8_lines(s.details) for s in steps[1:2] if int8]
     deployment_lines = [f"note: {note}" for s in steps[1 + int8:] for note in s.details["notes"]]
     for line in [*(f"note: {note}" for note in result["notes"]), *int8_lines, *deployment_lines]:

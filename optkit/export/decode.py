@@ -303,6 +303,40 @@ def onnx_decode_speed(paths: list[str | os.PathLike], *, prompt_tokens: int = PR
     return [_speed(t, threads) for t in times]
 
 
+def generate_torch(model: nn.Module, prompt: list[int], tokens: int) -> list[int]:
+    """Greedy generation of ``tokens`` ids after ``prompt`` with a PyTorch causal LM and its own cache."""
+    ids, _ = _generate_torch(model, prompt, tokens, timed=False)
+    return ids
+
+
+def _generate_torch(model: nn.Module, prompt: list[int] | torch.Tensor, tokens: int, *,
+                    timed: bool) -> tuple[list[int], list[float]]:
+    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step."""
+    import torch
+
+    device = next(model.parameters()).device
+    keyword = cache_keyword(model)
+    ids = torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1).to(device)
+    generated, times = [], []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            output = model(input_ids=ids, use_cache=True)
+            for _ in range(tokens):
+                next_id = output.logits[:, -1:].argmax(-1)
+                generated.append(int(next_id))
+                begin = time.perf_counter()
+                output = model(input_ids=next_id, use_cache=True, **{keyword: returned_cache(output)})
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if timed:
+                    times.append((time.perf_counter() - begin) * 1e3)
+    finally:
+        model.train(was_training)
+    return generated, times
+
+
 def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, steps: int = DECODE_STEPS,
                        rounds: int = 3, seed: int = 0) -> dict[str, Any]:
     """Decode speed of a causal LM in PyTorch eager at batch 1, with its own KV cache, on the model's device."""
@@ -310,27 +344,13 @@ def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, 
 
     from optkit.kinds.tokens import vocab_size
 
-    device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab_size(model), (1, prompt_tokens), generator=generator).to(device)
-    keyword = cache_keyword(model)
+    prompt = torch.randint(0, vocab_size(model), (prompt_tokens,), generator=generator)
     times: list[float] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for round_index in range(rounds + 1):
-                output = model(input_ids=prompt, use_cache=True)
-                for _ in range(steps):
-                    next_id = output.logits[:, -1:].argmax(-1)
-                    begin = time.perf_counter()
-                    output = model(input_ids=next_id, use_cache=True, **{keyword: returned_cache(output)})
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    if round_index:
-                        times.append((time.perf_counter() - begin) * 1e3)
-    finally:
-        model.train(was_training)
+    for round_index in range(rounds + 1):
+        _, steps_ms = _generate_torch(model, prompt, steps, timed=True)
+        if round_index:
+            times += steps_ms
     return _speed(times, torch.get_num_threads())
 
 

@@ -27,12 +27,15 @@ class ExportSettings:
     simplify: bool = setting(False, help="Simplify the graph with onnxslim (verified the same way).", flag="simplify")
     rtol: float | None = setting(None, help="Allowed difference relative to the largest output (default 1e-3; "
                                  "2e-2 with --fp16).", low=0, flag="rtol")
+    decode_graph: bool = setting(True, help="For a causal language model, also write NAME.decode.onnx: one step "
+                                 "with a KV cache (a prefill or a decode step), verified against PyTorch, to "
+                                 "generate text in ONNX Runtime (recipe setting).")
 
     def __post_init__(self) -> None:
         validate_fields(self)
 
     def export_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`optkit.export.onnx.export_onnx` (from these settings' own fields)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ExportSettings)}
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ExportSettings) if f.name != "decode_graph"}
         values["dynamic_batch"] = not values.pop("static_batch")
         return values

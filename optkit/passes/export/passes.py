@@ -73,7 +73,28 @@ class ExportOnnx(ExportSettings, Pass):
         target = Path(self.path or FILE_NAME)
         shape = tuple(self.input_shape or DEFAULT_INPUT_SHAPE)
         result = export_onnx(model, target, shape, metadata=self.metadata or None, **self.export_kwargs())
-        return PassResult(OnnxModel(target, shape, model, "fp16" if self.fp16 else "fp32"), result.to_dict())
+        details = result.to_dict()
+        if self.decode_graph:
+            details.update(_decode_graph(model, target, details))
+        return PassResult(OnnxModel(target, shape, model, "fp16" if self.fp16 else "fp32"), details)
+
+
+def _decode_graph(model: nn.Module, target: Path, details: dict) -> dict:
+    """A causal LM's decode-step graph beside ``target``, as report details: ``decode`` (what was written and
+    checked) and ``files``; a model without one adds nothing, a graph that does not verify adds a note."""
+    from optkit.core.errors import ExportError
+    from optkit.export import decode
+
+    if decode.unsupported(model) is not None:
+        return {}
+    path = decode.decode_path(target)
+    try:
+        written = decode.export_decode(model, path).to_dict()
+    except ExportError as e:
+        return {"notes": [*details["notes"], f"{path.name} was not written: {e}"]}
+    written["path"] = path.name
+    written["file_size"] = path.stat().st_size
+    return {"decode": written, "files": {target.name: details["file_size"], path.name: written["file_size"]}}
 
 
 def onnx_metadata(normalization: dict[str, dict[str, str]]) -> dict[str, str]:

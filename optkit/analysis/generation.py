@@ -1,0 +1,126 @@
+"""A causal language model's report section on generating text: decode speed and a greedy sample, before and after.
+
+Decode is what a user of a language model waits for: after a prompt, one token
+per call, each reading the cache of all earlier tokens. The section times it at
+batch 1 with every core in PyTorch (the model's own cache) and, when the run
+exported, in ONNX Runtime (the decode-step graphs of the original and the
+result, see :mod:`optkit.export.decode`), and shows the same greedy continuation
+of one prompt from both models, so a reader sees what pruning did to the text.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.errors import OptkitError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+#: Tokens generated for the sample, and the prompt's length when it comes from the evaluation text.
+SAMPLE_TOKENS = 20
+PROMPT_TOKENS = 8
+
+
+@dataclass
+class GenerationProbe:
+    """Measures a causal LM before the passes (:meth:`start`) and the result after them (:meth:`finish`).
+
+    Attributes:
+        prompt: the prompt's token ids.
+        tokenizer: the model's tokenizer, or ``None`` (the sample is then ids).
+        before: PyTorch decode speed and the greedy sample of the original.
+        original_decode: the original's decode-step graph, when the run exports.
+    """
+
+    prompt: list[int]
+    tokenizer: Any
+    before: dict[str, Any]
+    original_decode: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, model: nn.Module, *, tokenizer: Any, prompt: list[int] | None, scratch: Path | None,
+              ) -> GenerationProbe | None:
+        """Measure ``model`` before the passes; ``None`` for a model that does not generate.
+
+        Args:
+            model: the model as loaded.
+            tokenizer: its tokenizer, or ``None``.
+            prompt: the prompt's ids (default: the tokenizer's beginning-of-text token, or id 0).
+            scratch: a folder for the original's decode graph, when the run exports ONNX.
+        """
+        from optkit.export import decode
+
+        if decode.unsupported(model) is not None:
+            return None
+        if not prompt:
+            start = getattr(tokenizer, "bos_token_id", None)
+            start = start if start is not None else getattr(tokenizer, "eos_token_id", None)
+            prompt = [start if start is not None else 0]
+        probe = cls(list(prompt), tokenizer, _measure(model, prompt))
+        if scratch is not None:
+            path = scratch / "original.decode.onnx"
+            try:
+                decode.export_decode(model, path)
+                probe.original_decode = path
+            except OptkitError as e:
+                probe.notes.append(f"decode in ONNX Runtime not timed: {e}")
+        return probe
+
+    def finish(self, model: nn.Module, result_decode: Path | None) -> dict[str, Any]:
+        """The report's ``generation`` section, measuring the result ``model`` and its decode graph."""
+        from optkit.export import decode
+
+        after = _measure(model, self.prompt)
+        section: dict[str, Any] = {
+            "prompt": self._text(self.prompt), "prompt_ids": self.prompt, "sample_tokens": SAMPLE_TOKENS,
+            "before": self._sample(self.before), "after": self._sample(after),
+            "pytorch": _pair(self.before["speed"], after["speed"]),
+            "decode_prompt_tokens": decode.PROMPT_TOKENS, "notes": list(self.notes)}
+        if self.original_decode is not None and result_decode is not None:
+            fp32_before, fp32_after = decode.onnx_decode_speed([self.original_decode, result_decode])
+            section["onnxruntime"] = _pair(fp32_before, fp32_after)
+            onnx_ids = decode.generate_onnx(result_decode, self.prompt, SAMPLE_TOKENS)
+            section["after_onnx_matches"] = onnx_ids == after["ids"]
+        section["load_avg_1min"] = round(os.getloadavg()[0], 2)
+        return section
+
+    def _sample(self, measured: dict[str, Any]) -> dict[str, Any]:
+        return {"ids": measured["ids"], "text": self._text(measured["ids"])}
+
+    def _text(self, ids: list[int]) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode(ids)
+
+
+def _measure(model: nn.Module, prompt: list[int]) -> dict[str, Any]:
+    """PyTorch decode speed and the greedy continuation of ``prompt``."""
+    from optkit.export import decode
+
+    return {"speed": decode.torch_decode_speed(model), "ids": decode.generate_torch(model, prompt, SAMPLE_TOKENS)}
+
+
+def _pair(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    return {"before": before, "after": after,
+            "speedup": round(before["median_ms"] / after["median_ms"], 3) if after["median_ms"] else None}
+
+
+def generation_lines(section: dict[str, Any]) -> list[str]:
+    """The section in words: decode speed per runtime and the two samples."""
+    lines = []
+    for runtime, label in (("pytorch", "PyTorch"), ("onnxruntime", "ONNX Runtime")):
+        pair = section.get(runtime)
+        if pair:
+            lines.append(f"decode with a KV cache after {section['decode_prompt_tokens']} prompt tokens, batch 1, "
+                         f"{pair['before']['threads']} thread(s), {label}: {pair['before']['tokens_per_s']:,.0f} -> "
+                         f"{pair['after']['tokens_per_s']:,.0f} tokens/s ({pair['speedup']:.2f}x)")
+    prompt = section["prompt"] if section["prompt"] is not None else section["prompt_ids"]
+    for stage in ("before", "after"):
+        sample = section[stage]["text"] if section[stage]["text"] is not None else section[stage]["ids"]
+        lines.append(f"greedy {section['sample_tokens']} tokens {stage}: {prompt!r} -> {sample!r}")
+    if section.get("after_onnx_matches") is False:
+        lines.append("the decode graph's greedy tokens differ from PyTorch's after the passes (rounding in a near tie)")
+    return lines + section["notes"]
