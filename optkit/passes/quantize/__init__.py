@@ -1,4 +1,5 @@
-"""INT8 quantization of an exported ONNX model (ONNX Runtime static QDQ or dynamic), verified on the task.
+"""INT8 quantization of an exported ONNX model (ONNX Runtime static QDQ or dynamic), verified on the task;
+language models dynamically, verified by perplexity on text (:mod:`optkit.passes.quantize.tokens`).
 
 Names are re-exported lazily, so reading the settings (the CLI does) imports neither numpy nor ONNX.
 """
@@ -16,6 +17,8 @@ _EXPORTS = {
     "quantize_exported": "optkit.passes.quantize.passes",
     "QuantizeResult": "optkit.passes.quantize.api",
     "quantize_onnx": "optkit.passes.quantize.api",
+    "TokenQuantizeResult": "optkit.passes.quantize.tokens",
+    "quantize_tokens": "optkit.passes.quantize.tokens",
     "compare_latency": "optkit.passes.quantize.latency",
     "interleaved_latency": "optkit.analysis.latency",
 }

@@ -187,7 +187,9 @@ def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shap
                   for n in names} - set(settings.exclude) - set(fixed)
 
     def rank(path: Path, excluded: list[str]) -> list[tuple[str, float]]:
-        return exclusion.node_scores(pre, path, checking, candidates - set(excluded), scratch)
+        import numpy as np
+
+        return exclusion.node_scores(pre, path, [np.concatenate(checking.inputs)], candidates - set(excluded), scratch)
 
     first_path = build(fixed)
     first = (first_path, *check(first_path))
@@ -199,8 +201,8 @@ def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shap
         raise ExportError(f"the INT8 model missed the threshold on {checking.source}{tried}: "
                           f"{'; '.join(outcome.missed)}; nothing was written (lower --min-agreement, raise "
                           "--max-accuracy-drop or --max-excluded, or keep the FP32 model)")
-    quantized = _quantized(outcome.path, groups)
-    _publish(outcome.path, target)
+    quantized = len(int8_nodes(outcome.path, {n for nodes in groups.values() for n in nodes}))
+    publish(outcome.path, target)
     return _result(source, target, settings, calibration, checking, outcome, slow, slow_nodes, gains, cached,
                    reference, quantized, time.perf_counter() - start)
 
@@ -275,15 +277,15 @@ def _fit_shape(path: Path, shape: tuple[int, ...]) -> tuple[tuple[int, ...], boo
     return ((dims[0], *shape[1:]), True) if dims[0] else (shape, False)
 
 
-def _quantized(path: Path, groups: dict[str, list[str]]) -> int:
-    """Nodes that run in INT8 in the written file: replaced by integer ops (dynamic), or reading a dequantized input."""
+def int8_nodes(path: str | os.PathLike, names: Collection[str]) -> set[str]:
+    """The nodes among ``names`` (of the FP32 graph) that run in INT8 in the file ``path``: replaced by integer
+    ops (dynamic), or reading a dequantized input (QDQ)."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
     dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     present = {n.name: n for n in graph.node}
-    names = {n for nodes in groups.values() for n in nodes}
-    return sum(1 for name in names if name not in present or any(i in dequantized for i in present[name].input))
+    return {name for name in names if name not in present or any(i in dequantized for i in present[name].input)}
 
 
 def _labels(batches: Batches):
@@ -296,7 +298,8 @@ def _threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _publish(path: Path, target: Path) -> None:
+def publish(path: Path, target: Path) -> None:
+    """Move a checked file from the scratch folder into place, flushed to disk first."""
     with open(path, "rb") as f:
         os.fsync(f.fileno())
     os.replace(path, target)

@@ -11,13 +11,12 @@ or ``max_excluded`` nodes are in FP32.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from optkit.passes.quantize.calibration import Batches
 from optkit.passes.quantize.verify import Agreement
 
 #: Op types the search never leaves in FP32: activations the quantizer folds away and data movement,
@@ -29,14 +28,15 @@ RANK_SAMPLES = 16
 RANK_CHUNK = 2
 
 
-def node_scores(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, batches: Batches,
+def node_scores(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, inputs: Sequence[np.ndarray],
                 candidates: Collection[str], scratch: str | os.PathLike) -> list[tuple[str, float]]:
     """Score ``candidates`` (node names) by the output error each adds, worst first.
 
     Args:
         fp32_path: the FP32 model the INT8 one was made from (pre-processed: node names match).
-        int8_path: the INT8 (QDQ) model.
-        batches: inputs; the first :data:`RANK_SAMPLES` are used.
+        int8_path: the INT8 model (QDQ, or dynamic: integer ops that keep the float tensors' names).
+        inputs: one array per model input, in the graph's input order, samples first (images; token ids
+            and their attention mask); the first :data:`RANK_SAMPLES` samples are used.
         candidates: names of the nodes that may be left in FP32.
         scratch: a folder for the two instrumented copies.
 
@@ -54,7 +54,7 @@ def node_scores(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, batc
     wanted = {n.name: (_downstream(n.output[0], graph, produced),
                        [_upstream(i, graph, produced) for i in n.input if i and i not in constants]) for n in nodes}
     tensors = sorted({t for out, ins in wanted.values() for t in [out, *ins]})
-    errors = _tensor_errors(fp32_path, int8_path, tensors, batches, Path(scratch))
+    errors = _tensor_errors(fp32_path, int8_path, tensors, inputs, Path(scratch))
     scores = []
     for name, (out, ins) in wanted.items():
         if out in errors:
@@ -86,7 +86,7 @@ def _upstream(tensor: str, graph, produced: set[str]) -> str:
 
 
 def _tensor_errors(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, tensors: list[str],
-                   batches: Batches, scratch: Path) -> dict[str, float]:
+                   inputs: Sequence[np.ndarray], scratch: Path) -> dict[str, float]:
     """Relative error of each tensor (INT8 against FP32) over the first :data:`RANK_SAMPLES` inputs.
 
     Inputs go through :data:`RANK_CHUNK` at a time and only the norms are summed, so a large model's
@@ -97,9 +97,9 @@ def _tensor_errors(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, t
     shared = [t for t in tensors if t in fp32_names and t in int8_names]
     diff = dict.fromkeys(shared, 0.0)
     norm = dict.fromkeys(shared, 0.0)
-    inputs = np.concatenate(batches.inputs)[:RANK_SAMPLES]
-    for start in range(0, len(inputs), RANK_CHUNK):
-        x = inputs[start:start + RANK_CHUNK]
+    count = min(RANK_SAMPLES, len(inputs[0]))
+    for start in range(0, count, RANK_CHUNK):
+        x = [values[start:min(start + RANK_CHUNK, count)] for values in inputs]
         reference, quantized = fp32(x), int8(x)
         for t in shared:
             a, b = reference[fp32_names[t]], quantized[int8_names[t]].astype(np.float64)
@@ -112,7 +112,7 @@ def _probe(path: str | os.PathLike, tensors: list[str], probe: Path):
     """A function running ``path`` with ``tensors`` as extra outputs, and where each tensor's value is found.
 
     Returns:
-        ``(run, names)``: ``run(x)`` gives ``{output name: value}``; ``names`` maps each tensor the graph has
+        ``(run, names)``: ``run(arrays)``, given one array per graph input, gives ``{output name: value}``; ``names`` maps each tensor the graph has
         to the output holding it (in an INT8 graph, its dequantized value).
     """
     import onnx
@@ -130,9 +130,9 @@ def _probe(path: str | os.PathLike, tensors: list[str], probe: Path):
     onnx.save(model, str(probe))
     s = session(probe, 1)
     probe.unlink()
-    feed = s.get_inputs()[0].name
+    feeds = [i.name for i in s.get_inputs()]
     outputs = [o.name for o in s.get_outputs()]
-    return (lambda x: dict(zip(outputs, s.run(None, {feed: x})))), names
+    return (lambda arrays: dict(zip(outputs, s.run(None, dict(zip(feeds, arrays)))))), names
 
 
 def _as_seen(graph) -> dict[str, str]:

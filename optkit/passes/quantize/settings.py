@@ -16,21 +16,30 @@ class Int8Settings:
 
     mode: str = setting("static", help="static: weights and activations INT8, calibrated on data (CNNs); dynamic: "
                         "weights only, activations quantized at run time (models whose time is in linear layers, "
-                        "e.g. ViT).", choices=MODES, flag="int8-mode")
+                        "e.g. ViT). Language models are always quantized dynamically.", choices=MODES,
+                        flag="int8-mode")
     calibration_method: str = setting("minmax", help="How activation ranges are set from the calibration data "
                                       "(static mode).", choices=CALIBRATION_METHODS, flag="calibration-method")
     calib_data: str | None = calib_data_setting(help="Dataset spec whose images calibrate the activation ranges "
-                                                "and check the INT8 model (fashion-mnist, imagefolder:DIR, ...).")
+                                                "and check the INT8 model (fashion-mnist, imagefolder:DIR, ...); "
+                                                "for a language model, text that checks its perplexity (text, "
+                                                "text:FILE|DIR).")
     calibration_batches: int = setting(8, help="Batches of calibration images.", low=1, flag="calibration-batches")
-    batch_size: int = setting(16, help="Images per calibration batch.", low=1, flag="calib-batch-size")
+    batch_size: int = setting(16, help="Images per calibration or checking batch (text blocks for a language "
+                              "model).", low=1, flag="calib-batch-size")
     random_calibration: bool = setting(False, help="Calibrate and check on random inputs when no data is at hand "
                                        "(the INT8 model is then fit only for timing).", flag="random-calibration")
-    eval_samples: int = setting(256, help="Images on which the INT8 model is checked against the FP32 one.", low=1,
+    eval_samples: int = setting(256, help="Images on which the INT8 model is checked against the FP32 one (for a "
+                                "language model, text blocks of the sequence length, at most 8,192 tokens).", low=1,
                                 flag="int8-eval-samples")
     min_agreement: float = setting(0.99, help="Smallest fraction of images whose top-1 class the INT8 model must "
-                                   "share with the FP32 one.", low=0, high=1, flag="min-agreement")
+                                   "share with the FP32 one (for a language model checked on random token ids: "
+                                   "of token positions).", low=0, high=1, flag="min-agreement")
     max_accuracy_drop: float = setting(0.01, help="Largest accuracy loss allowed when the data has labels (0.01 is "
                                        "one point).", low=0, high=1, flag="max-accuracy-drop")
+    max_perplexity_increase: float = setting(0.02, help="Language models: largest rise of the INT8 model's "
+                                             "perplexity on the text over the FP32 model's (0.02: at most 1.02x).",
+                                             low=0, flag="max-perplexity-increase")
     per_channel: bool = setting(True, help="One weight scale per output channel (per tensor when false).")
     op_types: tuple[str, ...] = setting((), help="ONNX op types to quantize (empty: every type ONNX Runtime "
                                         "quantizes).", flag="int8-op-types", metavar="TYPE,...")
