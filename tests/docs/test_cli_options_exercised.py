@@ -26,7 +26,7 @@ NOT_YET_EXERCISED = frozenset({
     'optkit export --int8-op-types', 'optkit export --int8-seed', 'optkit export --int8-timing-threads',
     'optkit export --kind', 'optkit export --max-accuracy-drop', 'optkit export --max-excluded',
     'optkit export --min-agreement', 'optkit export --opset', 'optkit export --random-calibration',
-    'optkit export --rtol', 'optkit export --seq-len', 'optkit export --simplify', 'optkit export --static-batch',
+    'optkit export --rtol', 'optkit export --simplify', 'optkit export --static-batch',
     'optkit export --trust', 'optkit finetune --alpha', 'optkit finetune --arch',
     'optkit finetune --checkpoint-every', 'optkit finetune --device', 'optkit finetune --eval',
     'optkit finetune --eval-batch-size', 'optkit finetune --eval-samples', 'optkit finetune --grad-clip',
