@@ -5,7 +5,11 @@ an image classifier gets top-1 accuracy on labelled images, a causal language
 model perplexity and next-token top-1 accuracy on text (``text[:FILE|DIR]``,
 tokenized by the model's own tokenizer); both get top-1 agreement with the
 original model's predictions and the mean KL divergence from its softmax on the
-same inputs, which need no labels. The samples are read once (the first
+same inputs, which need no labels. A segmentation model gets mIoU and pixel
+accuracy on a segmentation folder (``segfolder:DIR``) and the share of pixels it
+predicts as the original does; a detector mAP@0.5 and mAP@0.5:0.95 on a COCO
+folder (``coco:DIR``) and the mAP@0.5 of its detections against the original's
+confident ones. The samples are read once (the first
 ``samples`` of the spec's ``test`` split, shaped as the model takes them), so
 every stage, PyTorch or ONNX Runtime, is scored on exactly the same tensors.
 The fine-tune pass selects its best epoch on the ``val`` split, which never
@@ -38,9 +42,10 @@ EVAL_SPLIT = "test"
 class EvalSettings:
     """Which data scores the model at each stage (accuracy and fidelity to the original)."""
 
-    data: str = setting(help="Dataset spec whose test split scores the original and the result after each stage "
-                        "(accuracy, and agreement / KL with the original).", flag="eval", metavar="SPEC",
-                        dataset=True, example="synthetic:64:3x32x32:10")
+    data: str = setting(help="Dataset spec whose test split scores the original and the result after each stage, "
+                        "and their agreement with the original: labelled images for a classifier, text[:FILE|DIR] "
+                        "for a causal LM, segfolder:DIR for segmentation, coco:DIR for detection.", flag="eval",
+                        metavar="SPEC", dataset=True, example="synthetic:64:3x32x32:10")
     samples: int = setting(2000, help="Score the first this many test images.", low=1, flag="eval-samples")
     batch_size: int = setting(128, help="Images per forward pass while scoring.", low=1, flag="eval-batch-size")
 
@@ -89,6 +94,18 @@ class DataReaders:
         blocks = token_blocks(parse_spec(spec).arg, split, folder, seq_len, vocab_size=vocab_size,
                               max_positions=max_positions, max_blocks=samples)
         return blocks.input_ids, blocks.attention_mask
+
+    def segmentation_masks(self, spec: str, split: str, shape: tuple[int, ...],
+                           samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from optkit.data.segfolder import read_segfolder
+
+        return read_segfolder(spec, split, shape, samples)
+
+    def detection_images(self, spec: str, split: str, shape: tuple[int, ...],
+                         samples: int) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+        from optkit.data.coco import read_coco
+
+        return read_coco(spec, split, shape, samples)
 
 
 def tokenizer_folders(model: nn.Module, source: str | os.PathLike | None) -> list[Path]:

@@ -1,7 +1,9 @@
 """Datasets behind the specs of :mod:`optkit.data.specs`: readers, ``TensorImageDataset`` and :func:`load_dataset`.
 
-Image datasets only: ``text`` specs are read as blocks of token ids by
-:func:`optkit.data.text.token_blocks`, with the model's tokenizer.
+Labelled image datasets only: ``text`` specs are read as blocks of token ids by
+:func:`optkit.data.text.token_blocks`, with the model's tokenizer; ``segfolder``
+and ``coco`` specs, which score segmentation and detection models, by
+:mod:`optkit.data.segfolder` and :mod:`optkit.data.coco`.
 
 Splits: ``train`` (augmented), ``val`` (held out of the training files,
 the same images for a given ``seed``) and ``test``. Images are normalized as
@@ -26,6 +28,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from torch.utils.data import Dataset
 
 from optkit.core.errors import DataError
+from optkit.data.coco import coco_images
+from optkit.data.segfolder import segfolder_pairs
 from optkit.data.specs import (IMAGEFOLDER_SIZE, KNOWN, dataset_info, folder_classes, is_text, parse_spec,
                                per_channel, synthetic_args)
 from optkit.data.text import text_files
@@ -160,11 +164,18 @@ def check_available(spec: str) -> None:
     """Check, without reading the images, that the dataset ``spec`` names is there (called before any pass runs).
 
     Raises:
-        DataError: for a malformed spec, or files or folders that are missing.
+        DataError: for a malformed spec, or files or folders that are missing (a segmentation
+            folder's image without its mask, a COCO folder without its annotations or images...).
     """
     parsed = parse_spec(spec)
     if is_text(parsed):
         text_files(parsed.arg)
+        return
+    if parsed.kind == "segfolder":
+        segfolder_pairs(parsed.arg)
+        return
+    if parsed.kind == "coco":
+        coco_images(parsed.arg)
         return
     dataset_info(spec)
     if parsed.kind == "fashion-mnist":

@@ -13,9 +13,13 @@ Kinds:
 * ``text`` or ``text:FILE|DIR`` — text for language models, tokenized by the
   model's own tokenizer (see :mod:`optkit.data.text`): the Python 3.11
   documentation from Debian's ``python3.11-doc``, or your ``.txt``, ``.rst``
-  and ``.md`` files.
+  and ``.md`` files;
+* ``segfolder:DIR`` — images and class masks that score segmentation models
+  (``DIR/images/*.jpg|png``, ``DIR/masks/*.png``; see :mod:`optkit.data.segfolder`);
+* ``coco:DIR`` — images and COCO boxes that score detection models
+  (``DIR/annotations.json``, ``DIR/images/``; see :mod:`optkit.data.coco`).
 
-Any image spec may end in a query that sets the normalization the images get,
+Any image spec but ``coco`` may end in a query that sets the normalization the images get,
 ``(x - mean) / std`` on the 0-1 scale, one value or one per channel:
 ``fashion-mnist?mean=0&std=1`` (plain 0-1 tensors, as ``ToTensor()`` alone
 gives), ``imagefolder:DIR?mean=0.5,0.5,0.5&std=0.5,0.5,0.5``. Without it each
@@ -32,8 +36,12 @@ from pathlib import Path
 
 from optkit.core.errors import DataError
 
-KINDS = ("fashion-mnist", "imagefolder", "mnist", "cifar10", "synthetic", "text")
-SPEC_FORMS = "fashion-mnist[:DIR], imagefolder:DIR, mnist:DIR, cifar10:DIR, synthetic:N[:CxHxW[:K]], text[:FILE|DIR]"
+KINDS = ("fashion-mnist", "imagefolder", "mnist", "cifar10", "synthetic", "text", "segfolder", "coco")
+SPEC_FORMS = ("fashion-mnist[:DIR], imagefolder:DIR, mnist:DIR, cifar10:DIR, synthetic:N[:CxHxW[:K]], text[:FILE|DIR], "
+              "segfolder:DIR, coco:DIR")
+#: Specs that score one model kind on data (``--eval``) and hold no class labels, with what they hold.
+SCORING_ONLY = {"segfolder": "images and class masks that score segmentation models",
+                "coco": "images and boxes that score detection models"}
 #: Kinds whose argument may be left out (a default location).
 OPTIONAL_ARG = ("fashion-mnist", "text")
 #: Keys a spec's query may set.
@@ -135,6 +143,9 @@ def parse_spec(spec: str) -> DataSpec:
         raise DataError(f"dataset spec {spec!r} needs an argument, e.g. {kind}:{'64' if kind == 'synthetic' else 'DIR'}")
     if kind == "text" and has_query:
         raise DataError(f"text specs take no query (mean/std normalize images), got {spec!r}; give text[:FILE|DIR]")
+    if kind == "coco" and has_query:
+        raise DataError(f"coco specs take no query (detection models normalize their images themselves), got {spec!r}; "
+                        "give coco:DIR")
     values = _parse_query(spec, query) if has_query else {}
     return DataSpec(kind, arg, values.get("mean"), values.get("std"))
 
@@ -195,12 +206,16 @@ def dataset_info(spec: str) -> DatasetInfo:
 
     Raises:
         DataError: for a bad spec or normalization, an image folder that is missing or empty,
-            or a ``text`` spec (text has no classes or images).
+            a ``text`` spec (text has no classes or images), or a ``segfolder``/``coco`` spec
+            (they hold masks or boxes, not class labels).
     """
     parsed = parse_spec(spec)
     if is_text(parsed):
         raise DataError(f"{spec} is text for language models, not labelled images; give an image dataset spec "
                         "for an image model")
+    if parsed.kind in SCORING_ONLY:
+        raise DataError(f"{spec} holds {SCORING_ONLY[parsed.kind]} (--eval), not labelled images; give a "
+                        "classification spec here (imagefolder:DIR, ...)")
     if parsed.kind in KNOWN:
         info = KNOWN[parsed.kind].info
     elif parsed.kind == "synthetic":

@@ -11,7 +11,7 @@ Specs:
 Splits are by file and fixed: each file's path relative to the folder is
 hashed (SHA-256) to a number in [0, 1); below 0.90 the file is in ``train``,
 below 0.95 in ``val``, else in ``test`` (so adding files never moves the
-others). Text that leaves a split without a file (a single file, a small
+others; see :mod:`optkit.data.splits`). Text that leaves a split without a file (a single file, a small
 folder) is split by lines instead: its first 90 % of lines are ``train``, the
 next 5 % ``val`` and the last 5 % ``test``.
 
@@ -24,13 +24,13 @@ with its padding masked out.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import DataError
+from optkit.data.splits import SPLIT_BOUNDS, name_split
 
 if TYPE_CHECKING:
     import torch
@@ -41,8 +41,6 @@ __all__ = ["PYTHON_DOCS_DIR", "SPLIT_BOUNDS", "TEXT_SUFFIXES", "TOKENIZER_FILES"
 PYTHON_DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
 PYTHON_DOCS_HINT = "install them with `apt-get install python3.11-doc` (make data does), or give text:FILE or text:DIR"
 TEXT_SUFFIXES = (".txt", ".rst", ".md")
-#: Upper ends of the train and val shares of [0, 1); the rest is test.
-SPLIT_BOUNDS = {"train": 0.90, "val": 0.95, "test": 1.0}
 #: Any of these in a folder means it holds a tokenizer ``AutoTokenizer`` can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
@@ -97,16 +95,6 @@ def text_files(arg: str) -> list[Path]:
     return files
 
 
-def _share(relative: str) -> float:
-    digest = hashlib.sha256(relative.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2 ** 64
-
-
-def _file_split(relative: str) -> str:
-    share = _share(relative)
-    return next(split for split, bound in SPLIT_BOUNDS.items() if share < bound)
-
-
 def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
@@ -134,7 +122,7 @@ def read_documents(spec_arg: str, split: str) -> list[str]:
     root = text_root(spec_arg)
     files = text_files(spec_arg)
     names = [p.relative_to(root).as_posix() if root.is_dir() else p.name for p in files]
-    by_split = {s: [f for f, name in zip(files, names) if _file_split(name) == s] for s in SPLIT_BOUNDS}
+    by_split = {s: [f for f, name in zip(files, names) if name_split(name) == s] for s in SPLIT_BOUNDS}
     if all(by_split.values()):
         documents = [_read(path) for path in by_split[split]]
     else:

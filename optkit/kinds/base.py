@@ -124,7 +124,8 @@ class EvalSet:
         inputs: every sample, batch dimension first: one tensor (an image batch ``N×C×H×W``)
             or :class:`ModelInputs` (token ids and their attention mask).
         targets: what the outputs are scored against: ``N`` class labels, or for a language
-            model the next token at each position (``N×(L-1)``, a negative id where there is none).
+            model the next token at each position (``N×(L-1)``, a negative id where there is none),
+            class masks ``N×H×W`` for segmentation, per-image boxes and labels for detection.
         num_classes: the classes (a language model's vocabulary size), or ``None``.
         kind: the name of the model kind that read them and scores on them.
         split: the dataset split.
@@ -172,6 +173,20 @@ class EvalData(Protocol):
                      max_positions: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``samples`` blocks of ``seq_len`` token ids of a text spec's ``split``, tokenized by the
         model's own tokenizer, and their attention mask (0 on the last block's padding)."""
+        ...
+
+    def segmentation_masks(self, spec: str, split: str, shape: tuple[int, ...],
+                           samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``samples`` images of a segmentation spec's ``split``, resized to input ``shape`` and
+        normalized (``N×C×H×W``), and their class masks resized with nearest neighbour (uint8 ``N×H×W``, 255
+        where a pixel is not scored)."""
+        ...
+
+    def detection_images(self, spec: str, split: str, shape: tuple[int, ...],
+                         samples: int) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """The first ``samples`` images of a detection spec's ``split``, fitted into input ``shape`` with their aspect
+        ratio (``N×C×H×W`` in [0, 1], zero-padded), and per image ``{"boxes": G×4 (x1, y1, x2, y2 in those
+        pixels), "labels": G}``."""
         ...
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.errors import OptkitError
-from optkit.kinds.base import ModelInputs, ModelKind, export_view, model_device
+from optkit.core.errors import DataError, OptkitError
+from optkit.kinds.base import (EvalData, EvalSet, ModelInputs, ModelKind, ScoreColumn, export_view,
+                               model_device)
 from optkit.kinds.image import input_channels
 
 if TYPE_CHECKING:
@@ -21,6 +23,10 @@ MATCH_DISTANCE = 1.0
 #: The share of detections that may differ between two runtimes at NMS and cut-off boundaries.
 UNMATCHED_FRACTION = 0.05
 BACKBONE = "backbone"
+#: Images per forward pass at most while scoring: detectors resize images internally, often to 800 pixels.
+IMAGES_PER_BATCH = 8
+#: The original model's detections from this score up are the boxes the agreement with it is scored on.
+AGREEMENT_SCORE = 0.5
 
 
 def has_detection_transform(model: nn.Module) -> bool:
@@ -44,12 +50,24 @@ class Detection(ModelKind):
     same label, and a few may differ where suppression decides between
     near-equal boxes. Structured pruning works inside the backbone; the feature maps
     it hands to the heads keep their width.
+
+    Scored on a COCO folder (``--eval coco:DIR``, see :mod:`optkit.data.coco`):
+    mAP at IoU 0.5 and averaged over IoU 0.50:0.95
+    (:func:`mean_average_precision`). The agreement with the original is the
+    mAP at IoU 0.5 of this model's detections against the original's detections
+    scoring :data:`AGREEMENT_SCORE` or more, taken as the true boxes (1 when it
+    finds what the original found, and nothing of its own ranked above it;
+    ``None`` when the original finds nothing that confident, as untrained
+    weights do). A detector has no accuracy: ``accuracy`` is ``None``.
     """
 
     name = "detection"
     description = "detectors: a list of images C,H,W in, boxes, scores and labels per image out"
     priority = 10
     dynamic_batch = False
+    score_columns = (ScoreColumn("map50", "mAP@0.5", ".2%"),
+                     ScoreColumn("map", "mAP@0.5:0.95", ".2%"),
+                     ScoreColumn("agreement", "agreement with original (mAP@0.5)", ".2%"))
 
     def matches(self, model: nn.Module) -> bool:
         return has_detection_transform(model)
@@ -102,6 +120,125 @@ class Detection(ModelKind):
 
     def prune_root(self, model: nn.Module) -> str | None:
         return BACKBONE if hasattr(model, BACKBONE) else None
+
+    def eval_set(self, model: nn.Module, shape: tuple[int, ...], spec: str, *, split: str, samples: int,
+                 data: EvalData) -> EvalSet:
+        """Images of a COCO folder fitted into ``shape`` (``inputs``: ``N×C×H×W``) and their boxes (``targets``:
+        ``{"boxes", "labels"}`` per image); ``num_classes`` is the model's, when its head says (see
+        :func:`detector_classes`).
+
+        Raises:
+            DataError: for a spec without boxes, images that hold no box, or a category the model has no class for.
+        """
+        self.check_shape(model, shape)
+        images, targets = data.detection_images(spec, split, shape, samples)
+        top = max((int(t["labels"].max()) for t in targets if len(t["labels"])), default=None)
+        if top is None:
+            raise DataError(f"the first {len(targets)} {split} images of {spec} hold no box; give annotated images")
+        classes = detector_classes(model)
+        if classes is not None and top >= classes:
+            raise DataError(f"{spec} has category_id {top}, but the model has {classes} classes (0 is the background); "
+                            "give categories the model detects, or a model with more classes (--num-classes)")
+        return EvalSet(spec, images, targets, classes, kind=self.name, split=split, unit="images")
+
+    def eval_outputs(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet,
+                     batch_size: int) -> list[dict[str, torch.Tensor]]:
+        """Each image's ``{"boxes", "scores", "labels"}`` on the CPU: from a PyTorch model, at most
+        :data:`IMAGES_PER_BATCH` images per call, or from an ONNX file optkit exported, as many images per call
+        as it takes (whole calls only: a last, smaller group is left out).
+
+        Raises:
+            OptkitError: for an ONNX file that does not return boxes, scores and labels per image, or
+                takes images of another size.
+        """
+        import torch
+
+        if isinstance(model, (str, os.PathLike)):
+            return _onnx_detections(model, eval_set)
+        device = model_device(model)
+        was_training = model.training
+        model.eval()
+        found = []
+        try:
+            for _, batch in eval_set.batches(max(1, min(batch_size, IMAGES_PER_BATCH))):
+                with torch.no_grad():
+                    output = model([image.to(device) for image in batch.first()])
+                found += [_detections(d["boxes"], d["scores"], d["labels"]) for d in output]
+        finally:
+            model.train(was_training)
+        return found
+
+    def score(self, outputs: list[dict[str, torch.Tensor]], eval_set: EvalSet,
+              reference: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """mAP against the true boxes and, given the original's detections, the agreement with them (see the class).
+
+        Only the first ``len(outputs)`` images count (an ONNX file scores whole calls only).
+
+        Returns:
+            ``{"samples", "map50", "map", "agreement", "accuracy"}`` (``agreement``: ``None`` without a
+            reference or confident original detections; ``accuracy``: always ``None``).
+        """
+        n = len(outputs)
+        targets = eval_set.targets[:n]
+        figures = (mean_average_precision(outputs, targets) if any(len(t["labels"]) for t in targets)
+                   else {"map50": None, "map": None})
+        result = {"samples": n, **figures, "agreement": None, "accuracy": None}
+        if reference is not None:
+            confident = [{"boxes": r["boxes"][r["scores"] >= AGREEMENT_SCORE],
+                          "labels": r["labels"][r["scores"] >= AGREEMENT_SCORE]} for r in reference[:n]]
+            if any(len(c["labels"]) for c in confident):
+                result["agreement"] = mean_average_precision(outputs, confident)["map50"]
+        return result
+
+
+def detector_classes(model: nn.Module) -> int | None:
+    """The classes a detector tells apart, background (0) included, read from its head; ``None`` when unknown.
+
+    Faster R-CNN's box predictor, RetinaNet's and FCOS's ``num_classes``, SSD's ``num_columns``.
+    """
+    cls_score = getattr(getattr(getattr(model, "roi_heads", None), "box_predictor", None), "cls_score", None)
+    if isinstance(getattr(cls_score, "out_features", None), int):
+        return cls_score.out_features
+    head = getattr(getattr(model, "head", None), "classification_head", None)
+    for attribute in ("num_classes", "num_columns"):
+        if isinstance(getattr(head, attribute, None), int):
+            return getattr(head, attribute)
+    return None
+
+
+def _detections(boxes, scores, labels) -> dict[str, torch.Tensor]:
+    return {"boxes": boxes.detach().float().cpu(), "scores": scores.detach().float().cpu(),
+            "labels": labels.detach().long().cpu()}
+
+
+def _onnx_detections(path: str | os.PathLike, eval_set: EvalSet) -> list[dict[str, torch.Tensor]]:
+    """Detections of an exported detector: one input per image, and per image its boxes, scores and labels first
+    among its outputs (a Mask R-CNN's masks follow; see :meth:`Detection.outputs`)."""
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    count, fields = len(inputs), len(DETECTION_FIELDS)
+    per_image = len(outputs) // count
+    refusal = (f"{os.fspath(path)} does not return boxes, scores and labels for each of its {count} image input(s); "
+               "optkit scores the detection files it exports")
+    if len(outputs) % count or per_image < fields:
+        raise OptkitError(refusal)
+    images = eval_set.inputs
+    declared = inputs[0].shape
+    if any(isinstance(d, int) and d != size for d, size in zip(declared, images.shape[1:])):
+        raise OptkitError(f"{os.fspath(path)} takes images of {'×'.join(map(str, declared))}, but the scoring images "
+                          f"are {'×'.join(map(str, images.shape[1:]))}; export at the input shape that was scored")
+    found = []
+    for start in range(0, len(images) - count + 1, count):
+        values = session.run(None, {value.name: images[start + i].numpy() for i, value in enumerate(inputs)})
+        for i in range(count):
+            boxes, scores, labels = values[i * per_image:i * per_image + fields]
+            if boxes.ndim != 2 or boxes.shape[1] != 4 or not scores.shape == labels.shape == (len(boxes),):
+                raise OptkitError(refusal)
+            found.append(_detections(*(torch.from_numpy(v) for v in (boxes, scores, labels))))
+    return found
 
 
 def _matched_difference(reference, labels, other, other_labels) -> float:
