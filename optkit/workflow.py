@@ -19,7 +19,7 @@ from optkit.analysis.evaluation import EvalSettings
 from optkit.analysis.model_info import layer_channels
 from optkit.io.hf import PRETRAINED_FILES
 from optkit.io.models import LoadedModel
-from optkit.io.outputs import StagedOutputs, prepare_output_dir
+from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty
 from optkit.core.context import RunContext
 from optkit.core.forms import TORCH
 from optkit.core.pipeline import Pipeline
@@ -153,26 +153,29 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     main = rank == 0
     # Every file a run may write needs --force to replace: one this run does not
     # write is removed when its results are published (see StagedOutputs).
+    created = main and not Path(out_dir).exists()
     out = prepare_output_dir(out_dir, RUN_FILES, force=force) if main else Path(out_dir)
-    check_runs(loaded, pipeline.input_shape, origin=pipeline.input_shape_origin)
-    check_data(pipeline)
-    scorer = (Scorer(evaluation, loaded.model, pipeline.input_shape, source=loaded.source)
-              if evaluation is not None else None)
-    exports = pipeline.writes_files()
-    context = RunContext(out_dir=out, teacher=teacher, resume=resume, rank=rank, world_size=world_size,
-                         data=data_normalization(pipeline))
-    # Measured now: the passes change the model in place.
-    weights_before = weights_sizes(loaded.model) if exports and main else None
-    channels = {"before": layer_channels(loaded.model)}
-    timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
-    with tempfile.TemporaryDirectory(prefix="optkit-original-") as scratch:
-        original_onnx = (_export_original(loaded.model, Path(scratch), pipeline.input_shape)
-                         if exports and latency is not False and main else None)
-        generation = (_generation_probe(loaded, scorer, Path(scratch) if original_onnx is not None else None)
-                      if latency is not False and main else None)
-        return _run_and_write(loaded, pipeline, context, on_pass=on_pass, scorer=scorer,
-                              weights_before=weights_before, channels=channels, timings=timings,
-                              original_onnx=original_onnx, generation=generation)
+    # A run refused before it writes anything leaves no empty folder behind.
+    with removed_if_left_empty(out, created=created):
+        check_runs(loaded, pipeline.input_shape, origin=pipeline.input_shape_origin)
+        check_data(pipeline)
+        scorer = (Scorer(evaluation, loaded.model, pipeline.input_shape, source=loaded.source)
+                  if evaluation is not None else None)
+        exports = pipeline.writes_files()
+        context = RunContext(out_dir=out, teacher=teacher, resume=resume, rank=rank, world_size=world_size,
+                             data=data_normalization(pipeline))
+        # Measured now: the passes change the model in place.
+        weights_before = weights_sizes(loaded.model) if exports and main else None
+        channels = {"before": layer_channels(loaded.model)}
+        timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
+        with tempfile.TemporaryDirectory(prefix="optkit-original-") as scratch:
+            original_onnx = (_export_original(loaded.model, Path(scratch), pipeline.input_shape)
+                             if exports and latency is not False and main else None)
+            generation = (_generation_probe(loaded, scorer, Path(scratch) if original_onnx is not None else None)
+                          if latency is not False and main else None)
+            return _run_and_write(loaded, pipeline, context, on_pass=on_pass, scorer=scorer,
+                                  weights_before=weights_before, channels=channels, timings=timings,
+                                  original_onnx=original_onnx, generation=generation)
 
 
 def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path | None):
@@ -252,7 +255,8 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
             report["generation"] = generation.finish(checkpoint.unwrap(run.model), decode_file)
         if scorer is not None:
             report["evaluation"] = scorer.section()
-            report["accuracy"] = scorer.accuracy()
+            if (accuracy := scorer.accuracy()) is not None:
+                report["accuracy"] = accuracy
         if context.data:
             report["data"] = context.data
         if loaded.arch is None:
@@ -334,12 +338,15 @@ class Scorer:
         return {"data": self.eval_set.spec, "split": "test", "samples": len(self.eval_set),
                 "unit": self.eval_set.unit, "columns": score_columns(self.eval_set), "stages": self.stages}
 
-    def accuracy(self) -> dict[str, Any]:
-        """The report's ``accuracy``: the original and the result (``model.pt``) on the same test samples.
+    def accuracy(self) -> dict[str, Any] | None:
+        """The report's ``accuracy``: the original and the result (``model.pt``) on the same test samples
+        (``None`` when the kind's scores have no accuracy).
 
         It replaces the fine-tune pass's validation accuracy, which is measured on other images and
         has no "before".
         """
+        if self.stages[0].get("accuracy") is None:  # a kind without an accuracy figure (a detector's mAP)
+            return None
         torch_stages = [stage for stage in self.stages if not stage["stage"].endswith("(ONNX Runtime)")]
         return {"before": self.stages[0]["accuracy"], "after": torch_stages[-1]["accuracy"],
                 "dataset": f"the first {len(self.eval_set):,} test {self.eval_set.unit} of {self.eval_set.spec}"}

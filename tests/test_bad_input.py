@@ -192,3 +192,11 @@ def test_force_replaces_results(earlier, tmp_path):
     assert (out / "model.pt").read_bytes() != (earlier / "model.pt").read_bytes()
     assert sorted(p.name for p in out.iterdir()) == sorted([*PRODUCED, "notes.txt"])
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_refused_before_it_writes_leaves_no_output_folder(tmp_path):
+    out = tmp_path / "new" / "run"
+    result = CliRunner().invoke(main, ["optimize", "torchvision:resnet18", "--prune", "0.3", "--no-latency",
+                                       "--eval", f"imagefolder:{tmp_path / 'missing'}", "--out", str(out)])
+    assert result.exit_code != 0 and "missing" in result.output
+    assert not out.exists()

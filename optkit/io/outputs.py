@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from optkit.core.errors import OptkitError
@@ -31,6 +32,19 @@ def prepare_output_dir(out_dir: str | os.PathLike, produced: Iterable[str], *, f
     except OSError as e:
         raise OptkitError(f"cannot write to output folder {path}: {e.strerror or e}") from e
     return path
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(path: Path, *, created: bool) -> Iterator[None]:
+    """On a failure inside the block, remove ``path`` if this run ``created`` it and nothing is in it (a refused
+    run leaves no empty folder; a folder holding anything, e.g. training checkpoints to resume from, stays)."""
+    try:
+        yield
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
 
 
 STAGING_PREFIX = ".optkit-staging-"
