@@ -129,6 +129,7 @@ def speed(original: torch.nn.Module, test: list[dict], args) -> dict:
     """The CLI's files for the unpruned and each pruned model, timed and scored."""
     from optkit.analysis.latency import interleaved_latency
     from optkit.export import decode
+    from optkit.passes.quantize.paths import decode_int8_path
 
     with tempfile.TemporaryDirectory(prefix="llm-deploy-") as scratch:
         folders = {"unpruned": Path(scratch) / "unpruned"}
@@ -143,6 +144,8 @@ def speed(original: torch.nn.Module, test: list[dict], args) -> dict:
                   for name, folder in folders.items()}
         files = {(name, precision): folder / f"model{'' if precision == 'fp32' else '.int8'}.onnx"
                  for name, folder in folders.items() for precision in ("fp32", "int8")}
+        decode_files = {(name, precision): (decode.decode_path if precision == "fp32" else decode_int8_path)(
+            folders[name] / "model.onnx") for name, precision in files}
         rows = {f"{name} {precision}": {"model": name, "precision": precision,
                                         "params_fraction": round(params(models[name]) / params(original), 4),
                                         "test_ppl": onnx_perplexity(path, test), "file_size": path.stat().st_size}
@@ -150,7 +153,7 @@ def speed(original: torch.nn.Module, test: list[dict], args) -> dict:
         for threads in args.threads:
             load = round(os.getloadavg()[0], 2)
             prefill = interleaved_latency(list(files.values()), (1, SEQ_LEN), threads=threads, warmup=3, repeats=30)
-            decoded = decode.onnx_decode_speed([decode.decode_path(p) for p in files.values()], threads=threads)
+            decoded = decode.onnx_decode_speed(list(decode_files.values()), threads=threads)
             eager = torch_decode(models, threads)
             for key, timed, onnx_decode in zip(rows, prefill, decoded):
                 rows[key][f"threads_{threads}"] = {
