@@ -164,7 +164,7 @@ def test_failing_pass_leaves_no_output(runner, tmp_path):
                                   "--out", str(tmp_path / "o")])
     line = _one_line_error(result)
     assert "pass 'structured_prune' failed" in line and "no_such_layer" in line
-    assert list((tmp_path / "o").iterdir()) == []
+    assert not (tmp_path / "o").exists()
 
 
 def test_wrong_input_shape_names_the_option(runner, tmp_path):

@@ -309,7 +309,7 @@ def _result(source: Path, target: Path, settings: Int8Settings, calibration: Bat
             outcome: exclusion.SearchOutcome, slow: list[str], slow_nodes: list[str], gains: dict[str, float],
             cached: bool, reference, quantized: int, seconds: float) -> QuantizeResult:
     r = outcome.result
-    notes = []
+    notes = [static.REDUCED_RANGE_NOTE] if static.int8_can_saturate() else []
     if settings.random_calibration:
         notes.append(RANDOM_NOTE)
     largest = float(abs(reference).max()) if reference.size else 0.0

@@ -503,6 +503,8 @@ def _result(source: Path, target: Path, settings: Int8Settings, check: _Check, o
     weights = "per output channel" if settings.per_channel else "per tensor"
     notes = [f"language models are quantized dynamically (weights INT8 {weights}, activations at run time); "
              "static QDQ is not applied to them"]
+    if static.int8_can_saturate():
+        notes.append(static.REDUCED_RANGE_NOTE)
     if not check.perplexity:
         notes.append(RANDOM_NOTE)
     if outcome.excluded:

@@ -55,6 +55,7 @@ def test_the_choice_is_never_slower_than_a_simpler_verified_one(times):
     assert all(chosen.latency["median_ms"] <= 1.02 * c.latency["median_ms"] for c in candidates)
 
 
+@pytest.mark.skipif(not ov.cpu_has_bf16(), reason="this CPU has no bf16 instructions")
 def test_only_the_chosen_deployment_is_written_and_every_candidate_is_listed(onnx_copy, fashion_data, set_times):
     calls = set_times({BASELINE: 10.0, ("onnxruntime", "fp32"): 8.0, ("openvino", "fp32"): 7.9,
                        ("openvino", "bf16"): 4.0, ("onnxruntime", "int8"): 4.5, ("openvino", "int8"): 4.2})
@@ -75,6 +76,20 @@ def test_only_the_chosen_deployment_is_written_and_every_candidate_is_listed(onn
     assert [(t.runtime, t.precision) for t, _ in calls[-1]] == [BASELINE, ("onnxruntime", "fp32"), ("openvino", "fp32"),
                                                           ("openvino", "bf16"), ("onnxruntime", "int8"),
                                                           ("openvino", "int8")]
+
+
+def test_on_a_cpu_without_bf16_the_fastest_other_deployment_is_written(onnx_copy, fashion_data, set_times,
+                                                                       monkeypatch):
+    monkeypatch.setattr(ov, "cpu_has_bf16", lambda: False)
+    set_times({BASELINE: 10.0, ("onnxruntime", "fp32"): 8.0, ("openvino", "fp32"): 7.9,
+               ("openvino", "bf16"): 1.0, ("onnxruntime", "int8"): 4.5, ("openvino", "int8"): 4.2})
+    settings = DeploySettings(calib_data=fashion_data, min_agreement=0.97, threads=2, batch=1)
+    result = choose_deployment(onnx_copy, settings, input_shape=SHAPE)
+    assert (result.runtime, result.precision, result.path) == ("openvino", "int8", "model.xml")
+    assert sorted(p.name for p in onnx_copy.parent.iterdir()) == ["model.bin", "model.onnx", "model.xml"]
+    by_name = {c["name"]: c for c in result.candidates}
+    assert by_name["openvino-bf16"]["status"] == "unavailable" and "no bf16" in by_name["openvino-bf16"]["reason"]
+    assert by_name["onnxruntime-int8"]["reason"] == "openvino-int8 measured faster (4.20 ms against 4.50)"
 
 
 @pytest.mark.skipif(not ov.cpu_has_bf16(), reason="this CPU has no bf16 instructions")

@@ -89,9 +89,11 @@ def test_a_model_that_misses_its_check_writes_nothing(offset_onnx, fashion_data)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
 
-def test_lower_precisions_need_data_to_be_checked(fashion_onnx, tmp_path):
-    with pytest.raises(DataError, match="OpenVINO bf16 computes differently from FP32.*--calib-data"):
-        openvino_ir(fashion_onnx, tmp_path / "model.xml", "bf16", CheckSettings(), input_shape=SHAPE)
+@pytest.mark.parametrize("precision", [
+    "int8", pytest.param("bf16", marks=pytest.mark.skipif(not ov.cpu_has_bf16(), reason="this CPU has no bf16"))])
+def test_lower_precisions_need_data_to_be_checked(fashion_onnx, tmp_path, precision):
+    with pytest.raises(DataError, match=f"OpenVINO {precision} computes differently from FP32.*--calib-data"):
+        openvino_ir(fashion_onnx, tmp_path / "model.xml", precision, CheckSettings(), input_shape=SHAPE)
     assert list(tmp_path.iterdir()) == []
 
 
