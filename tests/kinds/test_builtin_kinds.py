@@ -57,6 +57,9 @@ def test_segmentation_by_name_keeps_its_heads(tmp_path):
 
 
 def test_detection_by_name_detects_the_same_boxes_after_export(tmp_path):
+    # Untrained weights score every box alike (100 detections within 0.01), so which ones make the cut moves with
+    # the last digits: a fixed seed keeps the check about the export, not about one draw of near-ties.
+    torch.manual_seed(0)
     model = load("torchvision:fasterrcnn_mobilenet_v3_large_320_fpn", num_classes=5).model.eval()
     assert kind_of(model).name == "detection"
     heads_before = {**_params(model, "rpn"), **_params(model, "roi_heads")}

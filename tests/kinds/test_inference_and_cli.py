@@ -109,6 +109,21 @@ def test_detections_match_as_sets_and_a_missing_one_fails():
         kind.compare([many, many_scores, many_labels], [two_flipped, many_scores, many_labels])
 
 
+def test_near_ties_resolved_the_other_way_are_allowed_but_not_a_score_apart():
+    kind = get_kind("detection")
+    boxes = np.arange(30, dtype=np.float32)[:, None] * 30 + np.array([0, 0, 20, 20], dtype=np.float32)
+    scores, labels = np.linspace(0.9, 0.1, 30, dtype=np.float32), np.ones(30, dtype=np.int64)
+    # Suppression kept another box in 6 places: 3 pixels off, overlapping, the score within 5e-4.
+    swapped, swapped_scores = boxes.copy(), scores.copy()
+    swapped[::5] += np.float32(3.0)
+    swapped_scores[::5] += np.float32(5e-4)
+    assert kind.compare([boxes, scores, labels], [swapped, swapped_scores, labels])[0] == 0
+    apart = scores.copy()
+    apart[::5] += np.float32(0.01)
+    with pytest.raises(ValueError, match="6 of 30 detections have no counterpart, near-ties apart"):
+        kind.compare([boxes, scores, labels], [swapped, apart, labels])
+
+
 def test_the_plugin_kind_is_one_module_and_exports_both_inputs(tmp_path):
     assert "image_pair" in list_kinds()
     model = set_kind(PairNet().eval(), "image_pair")
