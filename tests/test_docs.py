@@ -104,7 +104,12 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 RUNNABLE = [p for p in pages() if any(b.action != "skip" and b.lang in ("python", "bash", "toml") for b in blocks(p))]
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=page_id)
+#: Pages whose examples take most of a minute (timed deployments, exports of several models): the slow tier runs them.
+SLOW_PAGES = ("techniques/deployment.md", "techniques/export.md")
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if page_id(p) in SLOW_PAGES else p
+                                  for p in RUNNABLE], ids=page_id)
 def test_code_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -122,6 +122,7 @@ def test_sigkill_at_a_fixed_point(tmp_path, point, published, staged):
         _rerun_cleans_up(out)
 
 
+@pytest.mark.slow  # 20 s of killed runs; the fixed points above cover each stage
 def test_sigkill_at_random_moments_over_earlier_results(tmp_path):
     """Kill a --force rerun at seeded random moments: each file stays a complete old or new version."""
     out = tmp_path / "out"
@@ -159,6 +160,7 @@ def _require_command(name: str) -> None:
         pytest.skip(f"optkit has no {name} command on this branch")
 
 
+@pytest.mark.slow  # 20 s; the fixed-point kills above cover publishing a file
 def test_sigkill_during_export_leaves_no_broken_onnx(tmp_path):
     """Kill ``optkit export --force`` over a verified file at seeded random moments: the file stays valid."""
     _require_command("export")
@@ -181,6 +183,7 @@ def test_sigkill_during_export_leaves_no_broken_onnx(tmp_path):
     assert visible == {"model.onnx"}, visible
 
 
+@pytest.mark.slow  # 25 s; tests/passes/finetune/test_checkpoints.py resumes after a kill by default
 def test_sigkill_during_finetune_then_resume(tmp_path):
     """Kill a fine-tune right after its first training checkpoint; --resume continues and finishes."""
     _require_command("finetune")

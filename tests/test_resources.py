@@ -58,11 +58,13 @@ def _peak_rss(stage: str) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the export test below measures the pruning peak too
 def test_resnet50_structured_prune_peak_rss():
     peak = _peak_rss("prune")["prune"]
     assert peak < PRUNE_BUDGET_MIB, f"pruning resnet50 peaked at {peak:.0f} MiB (budget {PRUNE_BUDGET_MIB})"
 
 
+@pytest.mark.slow  # 15 s; a memory guard for the full-size export, like the zoo runs
 def test_resnet50_export_peak_rss():
     pytest.importorskip("optkit.export.onnx", reason="optkit.export.onnx not on this branch")
     peak = _peak_rss("export")

@@ -31,6 +31,7 @@ def test_the_report_puts_the_realized_speedup_next_to_the_macs_ratio(runner, tmp
     assert "Latency was not measured" not in " ".join(report["notes"])
 
 
+@pytest.mark.slow  # 17 s of timing; the symbolic-batch rule is tested below without timing
 def test_a_model_faster_than_the_per_call_cost_is_also_timed_at_a_larger_batch(runner, tmp_path, monkeypatch):
     from optkit import workflow
 

@@ -16,7 +16,8 @@ def _pruned(name, shape=(1, 3, 64, 64)):
     return model.eval(), arch
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "efficientnet_b0", "vgg11_bn"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "efficientnet_b0",
+                                  pytest.param("vgg11_bn", marks=pytest.mark.slow)])  # vgg: 14 s of weights
 def test_pruned_model_round_trips_with_weights_only(tmp_path, name):
     model, arch = _pruned(name)
     path = tmp_path / "model.pt"

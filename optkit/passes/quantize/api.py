@@ -149,18 +149,8 @@ def quantize_onnx(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, se
 def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shape: tuple[int, ...],
          calibration: Batches | None, checking: Batches, timer: optypes.Timer | None,
          profiler: optypes.Profiler | None, cache_path: str | os.PathLike | None, start: float) -> QuantizeResult:
-    pre = scratch / "fp32.onnx"
-    static.preprocess(source, pre)
     op_types = set(settings.op_types) or static.supported_op_types(settings.mode)
-    groups = optypes.op_groups(pre, op_types)
-    if not groups:
-        raise ExportError(f"{source} has no named nodes of the op types to quantize ({', '.join(sorted(op_types))}); "
-                          "nothing would be INT8")
-    known = {n for names in groups.values() for n in names}
-    unknown = sorted(set(settings.exclude) - known)
-    if unknown:
-        raise ExportError(f"exclude names {', '.join(unknown)}, not a node of the op types quantized here; "
-                          f"use node names from the ONNX graph, e.g. {', '.join(sorted(known)[:3])}")
+    pre, groups, known = prepare(source, scratch, op_types, settings.exclude)
     counter = itertools.count()
 
     def build(excluded: Collection[str]) -> Path:
@@ -275,6 +265,27 @@ def _fit_shape(path: Path, shape: tuple[int, ...]) -> tuple[tuple[int, ...], boo
         raise DataError(f"{path} takes input {declared} but input_shape is {shape}; "
                         "set --input-shape to the model's input")
     return ((dims[0], *shape[1:]), True) if dims[0] else (shape, False)
+
+
+def prepare(source: Path, scratch: Path, op_types: Collection[str], exclude: Collection[str],
+            ) -> tuple[Path, dict[str, list[str]], set[str]]:
+    """The pre-processed FP32 file in ``scratch``, its quantizable nodes by op group, and all their names.
+
+    Raises:
+        ExportError: when no node has the op types, or ``exclude`` names a node that is not one of them.
+    """
+    pre = scratch / "fp32.onnx"
+    static.preprocess(source, pre)
+    groups = optypes.op_groups(pre, op_types)
+    known = {n for names in groups.values() for n in names}
+    if not known:
+        raise ExportError(f"{source} has no named nodes of the op types to quantize ({', '.join(sorted(op_types))}); "
+                          "nothing would be INT8")
+    unknown = sorted(set(exclude) - known)
+    if unknown:
+        raise ExportError(f"exclude names {', '.join(unknown)}, not a node of the op types quantized here; "
+                          f"use node names from the ONNX graph, e.g. {', '.join(sorted(known)[:3])}")
+    return pre, groups, known
 
 
 def int8_nodes(path: str | os.PathLike, names: Collection[str]) -> set[str]:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -159,26 +160,31 @@ class SearchStep:
 
 @dataclass
 class SearchOutcome:
-    """Where the search stopped: the last model built, the nodes it left in FP32 and what it still missed."""
+    """Where the search stopped: the last model built, the nodes it left in FP32, its check's figures (an
+    :class:`Agreement`, or what the caller's check returns) and what it still missed."""
 
     path: Path
     excluded: list[str]
-    result: Agreement
+    result: Agreement | Any
     missed: list[str]
-    steps: list[SearchStep] = field(default_factory=list)
+    steps: list[SearchStep | Any] = field(default_factory=list)
 
 
-def search(build: Callable[[list[str]], Path], check: Callable[[Path], tuple[Agreement, list[str]]],
+def search(build: Callable[[list[str]], Path], check: Callable[[Path], tuple[Any, list[str]]],
            rank: Callable[[Path, list[str]], list[tuple[str, float]]], *, max_excluded: int,
-           first: tuple[Path, Agreement, list[str]]) -> SearchOutcome:
+           first: tuple[Path, Any, list[str]], record: Callable[[str, float, Any], Any] | None = None,
+           ) -> SearchOutcome:
     """Exclude the worst-scored node, rebuild and re-check, until the check passes or ``max_excluded`` is reached.
 
     Args:
         build: writes the model with the given nodes left in FP32 (on top of the fixed ones) and returns its path.
-        check: the check of a built model: its :class:`Agreement` and what it missed (empty: passed).
+        check: the check of a built model: its figures (an :class:`Agreement` by default) and what it missed
+            (empty: passed).
         rank: scores of the nodes still quantized in a built model, worst first, given those already excluded.
         max_excluded: most nodes to leave in FP32.
         first: the model before any exclusion, with its check.
+        record: ``(node, score, figures after it) -> step`` for ``steps``; a :class:`SearchStep` of an
+            :class:`Agreement` when not given.
 
     Returns:
         the :class:`SearchOutcome`.
@@ -193,6 +199,9 @@ def search(build: Callable[[list[str]], Path], check: Callable[[Path], tuple[Agr
         outcome.excluded.append(node)
         outcome.path = build(list(outcome.excluded))
         outcome.result, outcome.missed = check(outcome.path)
-        outcome.steps.append(SearchStep(node, round(score, 6), outcome.result.agreement,
-                                        outcome.result.relative_error, outcome.result.accuracy_int8))
+        outcome.steps.append((record or _agreement_step)(node, score, outcome.result))
     return outcome
+
+
+def _agreement_step(node: str, score: float, result: Agreement) -> SearchStep:
+    return SearchStep(node, round(score, 6), result.agreement, result.relative_error, result.accuracy_int8)

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import DataError, ExportError
 from optkit.core.settings import check_input_shape
-from optkit.passes.quantize import exclusion, optypes, static
-from optkit.passes.quantize.api import int8_nodes, publish
+from optkit.passes.quantize import exclusion, static
+from optkit.passes.quantize.api import int8_nodes, prepare, publish
 from optkit.passes.quantize.paths import decode_int8_path
 from optkit.passes.quantize.settings import Int8Settings
 
@@ -144,15 +144,6 @@ class _Check:
     inputs: list[np.ndarray]
     prompts: list[tuple[list[int], list[int] | None]]
     perplexity: bool
-
-
-@dataclass
-class _Outcome:
-    path: Path
-    excluded: list[str]
-    figures: dict[str, Any]
-    missed: list[str]
-    steps: list[dict[str, Any]]
 
 
 def quantize_language_model(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, settings: Int8Settings,
@@ -322,24 +313,14 @@ def _random_check(fp32: Path, model: nn.Module, kind: ModelKind, shape: tuple[in
 
 
 def _quantize_main(source: Path, scratch: Path, settings: Int8Settings,
-                   check: _Check) -> tuple[Path, set[str], _Outcome, int]:
+                   check: _Check) -> tuple[Path, set[str], exclusion.SearchOutcome, int]:
     """The checked INT8 model in ``scratch``: ``(pre-processed FP32 file, op types, outcome, nodes quantized)``.
 
     Raises:
         ExportError: for unknown exclusions, nothing to quantize, or a model that misses the check.
     """
-    pre = scratch / "fp32.onnx"
-    static.preprocess(source, pre)
     op_types = set(settings.op_types) or static.supported_op_types("dynamic")
-    groups = optypes.op_groups(pre, op_types)
-    known = {n for names in groups.values() for n in names}
-    if not known:
-        raise ExportError(f"{source} has no named nodes of the op types to quantize ({', '.join(sorted(op_types))}); "
-                          "nothing would be INT8")
-    unknown = sorted(set(settings.exclude) - known)
-    if unknown:
-        raise ExportError(f"exclude names {', '.join(unknown)}, not a node of the op types quantized here; "
-                          f"use node names from the ONNX graph, e.g. {', '.join(sorted(known)[:3])}")
+    pre, groups, known = prepare(source, scratch, op_types, settings.exclude)
     counter = itertools.count()
 
     def build(excluded: Collection[str]) -> Path:
@@ -354,7 +335,8 @@ def _quantize_main(source: Path, scratch: Path, settings: Int8Settings,
     def rank(path: Path, excluded: list[str]) -> list[tuple[str, float]]:
         return exclusion.node_scores(pre, path, check.inputs, candidates - set(excluded), scratch)
 
-    outcome = _search(build, check.run, rank, settings.max_excluded if settings.auto_exclude else 0, first)
+    outcome = exclusion.search(build, check.run, rank, max_excluded=settings.max_excluded if settings.auto_exclude
+                               else 0, first=(first, *check.run(first)), record=_step)
     if outcome.missed:
         tried = (f" even with {len(outcome.excluded)} MatMul(s) left in FP32 ({', '.join(outcome.excluded)})"
                  if outcome.excluded else "")
@@ -370,21 +352,10 @@ def _quantize(pre: Path, out: Path, settings: Int8Settings, op_types: Collection
                          op_types=sorted(op_types), exclude=sorted(exclude), calibration=None, cache_path=None)
 
 
-def _search(build: Callable[[list[str]], Path], check: Callable[[Path], tuple[dict[str, Any], list[str]]],
-            rank: Callable[[Path, list[str]], list[tuple[str, float]]], limit: int, first: Path) -> _Outcome:
-    """Leave the worst-scored node in FP32, rebuild and re-check, until the check passes or ``limit`` nodes are out."""
-    outcome = _Outcome(first, [], *check(first), [])
-    while outcome.missed and len(outcome.excluded) < limit:
-        ranking = [(n, s) for n, s in rank(outcome.path, outcome.excluded) if n not in outcome.excluded]
-        if not ranking:
-            break
-        node, score = ranking[0]
-        outcome.excluded.append(node)
-        outcome.path = build(list(outcome.excluded))
-        outcome.figures, outcome.missed = check(outcome.path)
-        outcome.steps.append({"node": node, "score": round(score, 6), "perplexity": outcome.figures.get("perplexity"),
-                              "agreement": outcome.figures["agreement"]})
-    return outcome
+def _step(node: str, score: float, figures: dict[str, Any]) -> dict[str, Any]:
+    """One exclusion of the search, as the result lists it."""
+    return {"node": node, "score": round(score, 6), "perplexity": figures.get("perplexity"),
+            "agreement": figures["agreement"]}
 
 
 def _quantize_decode(source: Path, scratch: Path, main_pre: Path, excluded: list[str], op_types: set[str],
@@ -497,9 +468,9 @@ def _steps(session, prompt: list[int], count: int, fed: list[int] | None = None)
     return np.stack(rows), tokens
 
 
-def _result(source: Path, target: Path, settings: Int8Settings, check: _Check, outcome: _Outcome, quantized: int,
+def _result(source: Path, target: Path, settings: Int8Settings, check: _Check, outcome: exclusion.SearchOutcome, quantized: int,
             decode: dict[str, Any] | None, files: dict[str, int], seconds: float) -> TokenQuantizeResult:
-    figures = outcome.figures
+    figures = outcome.result
     weights = "per output channel" if settings.per_channel else "per tensor"
     notes = [f"language models are quantized dynamically (weights INT8 {weights}, activations at run time); "
              "static QDQ is not applied to them"]

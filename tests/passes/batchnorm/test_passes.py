@@ -399,6 +399,7 @@ def test_pipeline_with_data_specs_and_recipe_round_trip():
     assert _rel(_eval_out(run.model, x), before) <= 0.2
 
 
+@pytest.mark.slow  # 20 s of VGG-11 weights saved and loaded twice
 def test_inserted_and_folded_models_round_trip_through_checkpoint(tmp_path):
     arch = models.arch_spec("torchvision:vgg11", 10)
     model = arch.build()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -9,7 +11,9 @@ pytest.importorskip("onnxruntime")
 
 from torch import nn  # noqa: E402
 
-from optkit.passes.prune.latency_target import PROPOSALS, AUTO_ROUND_TO, MAX_RETRIES  # noqa: E402
+from optkit.passes.prune import latency_target  # noqa: E402
+from optkit.passes.prune.latency_target import (AUTO_ROUND_TO, EFFICIENCY_TIE, LATENCY_TOLERANCE, MAX_RETRIES,  # noqa: E402
+                                                PROPOSALS)
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
 
 SHAPE = (1, 3, 32, 32)
@@ -29,6 +33,24 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTKIT_CACHE_DIR", str(tmp_path))
 
 
+def test_the_search_keeps_the_most_macs_per_latency_under_a_stand_in_timer(monkeypatch):
+    # A stand-in timer, deterministic: a candidate's latency fraction is its file size over the original's.
+    def by_size(original, candidates, shape, threads):
+        return [os.path.getsize(c) / os.path.getsize(original) for c in candidates]
+
+    monkeypatch.setattr(latency_target, "_measured_fractions", by_size)
+    result = StructuredPrune(target_latency=0.5, input_shape=SHAPE, latency_threads=1).apply(_model())
+    d = result.details
+    assert abs(d["measured_fraction"] - 0.5) <= LATENCY_TOLERANCE
+    within = [t for t in d["tries"] if abs(t["measured_fraction"] - 0.5) <= LATENCY_TOLERANCE]
+    best = max(t["macs_fraction"] / t["measured_fraction"] for t in within)
+    assert d["macs_fraction"] / d["measured_fraction"] >= best * (1 - EFFICIENCY_TIE) - 1e-6
+    params = sum(p.numel() for p in result.model.parameters()) / sum(p.numel() for p in _model().parameters())
+    assert params == pytest.approx(d["measured_fraction"], abs=0.02)
+    assert result.model(torch.randn(*SHAPE)).shape == (1, 10)
+
+
+@pytest.mark.slow  # about a minute of ONNX Runtime timing; the test above runs the search with a stand-in timer
 def test_latency_target_lands_near_the_measured_fraction():
     result = StructuredPrune(target_latency=0.5, input_shape=SHAPE, latency_threads=1).apply(_model())
     d = result.details
