@@ -51,6 +51,8 @@ from optkit.io.models import load_model  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 OPTKIT = [sys.executable, "-m", "optkit"]
 PRUNE_FLAGS = ["--allocation", "sensitivity", "--calib-data", "text"]
+#: Uniform widths (every head group and MLP loses the same fraction): what a stock config can describe.
+UNIFORM_FLAGS = ["--calib-data", "text"]
 
 
 def main() -> None:
@@ -61,6 +63,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="distillation batch (blocks of 128 tokens)")
     parser.add_argument("--lrs", type=lambda v: [float(x) for x in v.split(",")], default=[3e-4],
                         help="distillation learning rates (each fraction is distilled once per rate)")
+    parser.add_argument("--uniform-fractions", type=lambda v: [float(x) for x in v.split(",") if x], default=[0.7],
+                        help="params kept by the uniform-width models timed beside the mixed ones")
     parser.add_argument("--threads", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -135,10 +139,12 @@ def speed(original: torch.nn.Module, test: list[dict], args) -> dict:
         folders = {"unpruned": Path(scratch) / "unpruned"}
         _run([*OPTKIT, "export", str(MODEL), "--onnx", str(folders["unpruned"] / "model.onnx"), "--int8",
               "--calib-data", "text"])
-        for fraction in args.fractions:
-            name = f"mix {fraction:g}"
+        variants = [("mix", f, PRUNE_FLAGS) for f in args.fractions] + [
+            ("uniform", f, UNIFORM_FLAGS) for f in args.uniform_fractions]
+        for allocation, fraction, flags in variants:
+            name = f"{allocation} {fraction:g}"
             folders[name] = Path(scratch) / name.replace(" ", "-")
-            _run([*OPTKIT, "optimize", str(MODEL), "--target-params", f"{fraction:g}", *PRUNE_FLAGS,
+            _run([*OPTKIT, "optimize", str(MODEL), "--target-params", f"{fraction:g}", *flags,
                   "--export", "onnx", "--int8", "--no-latency", "--out", str(folders[name])])
         models = {name: load_model(str(folder if name != "unpruned" else MODEL)).eval()
                   for name, folder in folders.items()}
@@ -167,7 +173,9 @@ def speed(original: torch.nn.Module, test: list[dict], args) -> dict:
             "commands": {"unpruned": f"optkit export {MODEL.relative_to(ROOT)} --onnx DIR/model.onnx --int8 "
                                      "--calib-data text",
                          "pruned": f"optkit optimize {MODEL.relative_to(ROOT)} --target-params F "
-                                   f"{' '.join(PRUNE_FLAGS)} --export onnx --int8 --out DIR"}}
+                                   f"{' '.join(PRUNE_FLAGS)} --export onnx --int8 --out DIR",
+                         "uniform": f"optkit optimize {MODEL.relative_to(ROOT)} --target-params F "
+                                    f"{' '.join(UNIFORM_FLAGS)} --export onnx --int8 --out DIR"}}
 
 
 def torch_decode(models: dict[str, torch.nn.Module], threads: int, rounds: int = 3) -> dict[str, float]:
@@ -246,26 +254,40 @@ def markdown(record: dict) -> str:
                   f"Decode is timed per generated token after a {speed_part['prompt_tokens']}-token prompt. "
                   "ONNX Runtime files of one thread count are timed interleaved (pools not spinning); PyTorch "
                   "eager models take turns. Commands: "
-                  f"`{speed_part['commands']['unpruned']}`, `{speed_part['commands']['pruned']}`.", ""]
+                  f"`{speed_part['commands']['unpruned']}`; mix (the measured per-layer allocation): "
+                  f"`{speed_part['commands']['pruned']}`; uniform widths: "
+                  f"`{speed_part['commands'].get('uniform', '–')}`.", ""]
         header = "| model | precision | params kept | test ppl | file bytes |"
         rule = "|---|---|---:|---:|---:|"
         for threads in speed_part["threads"]:
-            header += (f" prefill tok/s ({threads}t) | decode tok/s ONNX ({threads}t) | "
+            header += (f" prefill tok/s ({threads}t) | × unpruned | decode tok/s ONNX ({threads}t) | × unpruned | "
                        f"decode tok/s PyTorch ({threads}t) |")
-            rule += "---:|---:|---:|"
+            rule += "---:|---:|---:|---:|---:|"
         lines += [header, rule]
+        base = {row["precision"]: row for row in speed_part["rows"] if row["model"] == "unpruned"}
         for row in speed_part["rows"]:
             line = (f"| {row['model']} | {row['precision']} | {row['params_fraction']:.3f} | {row['test_ppl']:.2f} | "
                     f"{row['file_size']:,} |")
             for threads in speed_part["threads"]:
-                timed = row[f"threads_{threads}"]
+                timed, unpruned = row[f"threads_{threads}"], base[row["precision"]][f"threads_{threads}"]
                 eager = timed["pytorch_decode_tokens_per_s"]
-                line += (f" {timed['prefill_tokens_per_s']:,.0f} | {timed['decode_tokens_per_s']:,.0f} | "
+                line += (f" {timed['prefill_tokens_per_s']:,.0f} | "
+                         f"{timed['prefill_tokens_per_s'] / unpruned['prefill_tokens_per_s']:.2f} | "
+                         f"{timed['decode_tokens_per_s']:,.0f} | "
+                         f"{timed['decode_tokens_per_s'] / unpruned['decode_tokens_per_s']:.2f} | "
                          f"{'–' if eager is None else f'{eager:,.0f}'} |")
             lines.append(line)
         loads = sorted({row[f"threads_{t}"]["load_avg_1min"] for row in speed_part["rows"]
                         for t in speed_part["threads"]})
-        lines += ["", f"Load average (1 min) before each timing block: {', '.join(map(str, loads))}."]
+        int8_lines = []
+        for threads in speed_part["threads"]:
+            fp32, int8 = (base[p][f"threads_{threads}"] for p in ("fp32", "int8"))
+            int8_lines.append(f"{threads} thread(s): prefill {int8['prefill_tokens_per_s'] / fp32['prefill_tokens_per_s']:.2f}×, "
+                              f"decode {int8['decode_tokens_per_s'] / fp32['decode_tokens_per_s']:.2f}×")
+        lines += ["", f"Unpruned INT8 over FP32: test perplexity {base['int8']['test_ppl'] / base['fp32']['test_ppl']:.4f}×; "
+                  + "; ".join(int8_lines) + ".",
+                  "", "× unpruned compares with the unpruned model of the same precision (INT8 with INT8).",
+                  f"Load average (1 min) before each timing block: {', '.join(map(str, loads))}."]
     return "\n".join(lines) + "\n"
 
 
