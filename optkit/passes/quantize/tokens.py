@@ -468,8 +468,8 @@ def _steps(session, prompt: list[int], count: int, fed: list[int] | None = None)
     return np.stack(rows), tokens
 
 
-def _result(source: Path, target: Path, settings: Int8Settings, check: _Check, outcome: exclusion.SearchOutcome, quantized: int,
-            decode: dict[str, Any] | None, files: dict[str, int], seconds: float) -> TokenQuantizeResult:
+def _result(source: Path, target: Path, settings: Int8Settings, check: _Check, outcome: exclusion.SearchOutcome,
+            quantized: int, decode: dict[str, Any] | None, files: dict[str, int], seconds: float) -> TokenQuantizeResult:
     figures = outcome.result
     weights = "per output channel" if settings.per_channel else "per tensor"
     notes = [f"language models are quantized dynamically (weights INT8 {weights}, activations at run time); "
