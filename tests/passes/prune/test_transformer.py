@@ -135,6 +135,30 @@ def test_mixtral_experts_pruned_per_expert_router_intact(tmp_path):
     generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
 
 
+def test_a_head_count_the_config_json_cannot_hold_is_refused_and_the_model_left_as_it_was(tmp_path):
+    """8 heads of width 16 in 2 KV groups over a 64-wide stream, at a quarter: 6 heads, and 64 is not a
+    multiple of 6. transformers' config validation (where it has one) rejects that config.json on reload even
+    with head_dim explicit, and the stream is not heads x head_dim, so narrowing it cannot help."""
+    model = build("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=2, head_dim=16)
+    try:
+        type(model.config).from_dict(model.config.to_dict() | {"num_attention_heads": 6})
+        validates = False
+    except Exception:  # noqa: BLE001 - the validation this test is about
+        validates = True
+    if not validates:
+        pytest.skip("this transformers accepts a head count that does not divide the hidden size")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    report = prune_transformer(model, heads_ratio=0.25)
+
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (8, 2)
+    assert any(line.startswith("heads 8->6") and "config.json would not load" in line for line in report["skipped"])
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param, before[name], atol=0, rtol=0)
+    reload_matches(model, AutoModelForCausalLM, tmp_path)
+
+
 def block_cosines(model, blocks, ids) -> list[float]:
     sims = {}
     hooks = [b.register_forward_hook(

@@ -279,10 +279,16 @@ def _matches_stock(model: nn.Module) -> str | None:
     from optkit.io.hf import stock_class
 
     try:
+        # What from_pretrained does with the written config.json; newer transformers validate it there
+        # (hidden size a multiple of the head count, even with an explicit head_dim), setattr does not.
+        type(model.config).from_dict(model.config.to_dict())
+    except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
+        return f"its config.json would not load: {_first_line(error)}"
+    try:
         with torch.device("meta"):
             fresh = stock_class(model)(model.config)
     except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return _first_line(error)
     ours = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
     theirs = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
     for name in sorted(set(ours) | set(theirs)):
@@ -300,6 +306,11 @@ def _matches_stock(model: nn.Module) -> str | None:
                 setattr(module, key, theirs_value)
     hidden_size.refresh_derived_buffers(model)
     return None
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {' '.join(lines[:2])}" if lines else type(error).__name__
 
 
 def _is_setting(value: Any) -> bool:
