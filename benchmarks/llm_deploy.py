@@ -157,7 +157,7 @@ def speed(original: torch.nn.Module, test: list[dict], args) -> dict:
                                         "test_ppl": onnx_perplexity(path, test), "file_size": path.stat().st_size}
                 for (name, precision), path in files.items()}
         for threads in args.threads:
-            load = round(os.getloadavg()[0], 2)
+            load = _settled_load()
             prefill = interleaved_latency(list(files.values()), (1, SEQ_LEN), threads=threads, warmup=3, repeats=30)
             decoded = decode.onnx_decode_speed(list(decode_files.values()), threads=threads)
             eager = torch_decode(models, threads)
@@ -209,15 +209,36 @@ def onnx_perplexity(path: Path, blocks: list[dict]) -> float:
     return float(np.exp(nll / count))
 
 
+def _settled_load(below: float = 0.5, patience_s: float = 180.0) -> float:
+    """The 1-minute load average once this script's own preceding work (CLI runs, scoring) has decayed from it
+    (below ``below``, or after ``patience_s``): what a timing block starts on."""
+    deadline = time.monotonic() + patience_s
+    while os.getloadavg()[0] >= below and time.monotonic() < deadline:
+        time.sleep(5)
+    return round(os.getloadavg()[0], 2)
+
+
 def _run(command: list[str]) -> None:
     print("$", " ".join(command), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
 
 
 def _cpu() -> str:
+    """The CPU's name with its family/model numbers and the instruction sets INT8 and bf16 speed depend on."""
     from optkit.analysis.latency import cpu_model
 
-    return cpu_model()
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return cpu_model()
+    flags = set(fields.get("flags", "").split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8") if f in flags]
+    return (f"{cpu_model()} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; "
+            f"{' '.join(isa) or 'no AVX2'}; {os.cpu_count()} logical CPUs)")
 
 
 def _save(out: Path, record: dict) -> None:
@@ -287,7 +308,8 @@ def markdown(record: dict) -> str:
         lines += ["", f"Unpruned INT8 over FP32: test perplexity {base['int8']['test_ppl'] / base['fp32']['test_ppl']:.4f}×; "
                   + "; ".join(int8_lines) + ".",
                   "", "× unpruned compares with the unpruned model of the same precision (INT8 with INT8).",
-                  f"Load average (1 min) before each timing block: {', '.join(map(str, loads))}."]
+                  f"Load average (1 min) before each timing block, after waiting for this script's own CLI runs and "
+                  f"scoring to decay from it: {', '.join(map(str, loads))}. Machine: {record['machine']}."]
     return "\n".join(lines) + "\n"
 
 
