@@ -165,6 +165,10 @@ def prune_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any
     if spec.drop_blocks:
         raise ValueError("drop_blocks removes blocks of a Hugging Face transformer (a model with a config and "
                          "repeated blocks); this model is not one")
+    if spec.submodule is None and widths.per_group is None and not widths.global_ and widths.steps == 1:
+        described = _prune_to_config_widths(model, spec, widths)
+        if described is not None:
+            return described
     ratio = widths.ratio
     root, inputs, submodule = spec.root_and_inputs(model)
     held, overrides = _engine.user_choices(root, spec.ignored_layers, widths.per_group)
@@ -206,6 +210,29 @@ def prune_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any
         details["submodule"] = submodule
     if spec.timeout_s and not _limits.limit_available():
         details["time_limit"] = "not enforced (SIGALRM needs the main thread)"
+    return details
+
+
+def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any] | None:
+    """Prune a ``transformers`` model to the widths its own config can state (:mod:`.config_widths`), so the stock
+    class reloads it; ``None`` (and ``model`` unchanged) when its config states none or the result differs."""
+    import copy
+
+    from optkit.passes.prune import config_widths
+
+    described = config_widths.describe(model, spec, widths)
+    if described is None:
+        return None
+    trial = copy.deepcopy(model)
+    details = prune_to(trial, spec, Widths(0.0, described.per_group, 1))
+    if details.get("held_layers") or config_widths.adopt_config(trial, described) is not None:
+        return None
+    _adopt(model, trial)
+    details["ratio"] = widths.ratio
+    details["config_widths"] = described.edits
+    details.setdefault("notes", []).append(
+        f"structured_prune kept the widths the model's config states ({described.summary()}), so its stock "
+        "class reloads it")
     return details
 
 

@@ -254,7 +254,7 @@ def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: li
     saved_lists = {id(m): (m, list(m)) for m in model.modules() if isinstance(m, nn.ModuleList)}
     try:
         change()
-        problem = _matches_stock(model)
+        problem = matches_stock(model)
     except hidden_size.Refused as refusal:
         problem = str(refusal)
     if problem is None:
@@ -274,7 +274,7 @@ def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: li
     return False
 
 
-def _matches_stock(model: nn.Module) -> str | None:
+def matches_stock(model: nn.Module) -> str | None:
     """None when the class built from ``model.config`` has the same parameters; copies its scalar attributes."""
     from optkit.io.hf import stock_class
 

@@ -1,0 +1,173 @@
+"""Channel widths a Hugging Face model's own config describes, for models the transformer engine does not take.
+
+A ``transformers`` model whose widths vary by stage (a Swin's ``embed_dim``
+doubling per stage, a ``mlp_ratio``, a list of ``hidden_sizes``) has no single
+hidden size or head count for :mod:`optkit.passes.prune.transformer`; a free
+channel prune of it runs but leaves widths its config cannot state, so the
+stock class cannot reload it. Here the config itself is asked which of its
+numbers are widths: each numeric field (or list of them) is scaled by the
+kept share and the stock class built from the edited config on the meta
+device; a field is a width when that changes only the channel counts of
+conv/linear layers and one-dimensional parameters (norms, biases), nothing
+else (an embedding's rows, a kernel size, a position table, a parameter's
+name), and the rebuilt model still takes the same inputs and gives outputs of
+the same shapes (so ``num_channels`` and ``num_labels`` are not widths). All
+such fields scaled together give every group's kept channel count, the prune
+keeps exactly those, and the result is accepted only when every parameter
+has the shape the edited config builds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class DescribedWidths:
+    """A config edit and the per-group ratios that prune a model to the widths it describes."""
+
+    edits: dict[str, Any]
+    per_group: dict[str, float]
+    before: dict[str, Any]
+
+    def summary(self) -> str:
+        return ", ".join(f"{key} {self.before[key]}->{value}" for key, value in self.edits.items())
+
+
+def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None:
+    """The config edit that keeps about ``1 - widths.ratio`` of every width field, with the group ratios it implies.
+
+    ``spec`` and ``widths`` are :mod:`optkit.passes.prune.channels`' ``PruneSpec`` and ``Widths`` (one ratio
+    for every group), which call this module.
+
+    ``None`` when the model is not a ``transformers`` model, its config does not rebuild it as it is (or the
+    rebuilt model does not run on the meta device), or no field of its config is such a width.
+    """
+    from optkit.io.hf import is_pretrained
+    from optkit.kinds import example_inputs
+    from optkit.passes.prune.groups import prunable_groups, ratios_for
+
+    if not is_pretrained(model) or widths.ratio <= 0:
+        return None
+    base = model.config.to_dict()
+    inputs = example_inputs(model, spec.input_shape)
+    current = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+    built = _stock_build(model, base, inputs)
+    if built is None or built[0] != current:
+        return None
+    outputs = built[1]
+    layers = dict(model.named_modules())
+
+    def is_width_edit(fields: dict[str, Any]) -> bool:
+        edited = _stock_build(model, fields, inputs)
+        return edited is not None and edited[1] == outputs and _only_channels(current, edited[0], layers)
+
+    edits: dict[str, Any] = {}
+    for key, value in base.items():
+        candidate = next((c for c in _scaled(value, 1.0 - widths.ratio, widths.round_to)
+                          if is_width_edit({**base, key: c})), None)
+        if candidate is not None:
+            edits[key] = candidate
+    if not edits or not is_width_edit({**base, **edits}):
+        return None
+    target = _stock_build(model, {**base, **edits}, inputs)[0]
+    _, _, submodule = spec.root_and_inputs(model)
+    prefix = f"{submodule}." if submodule else ""
+    groups = prunable_groups(spec, model)
+    kept = [target.get(f"{prefix}{g.pattern}.weight", (g.channels,))[0] for g in groups]
+    if any(k > g.channels for g, k in zip(groups, kept)):
+        return None
+    return DescribedWidths(edits, ratios_for(groups, kept), {key: base[key] for key in edits})
+
+
+def adopt_config(model: nn.Module, described: DescribedWidths) -> str | None:
+    """Write the edit into ``model.config`` if the pruned model has exactly the shapes it describes.
+
+    Returns:
+        ``None`` when it does (the config object is updated in place, so modules holding it see the edit);
+        otherwise one line saying which parameter differs, and the config is left as it was.
+    """
+    from optkit.passes.prune.transformer.engine import matches_stock
+
+    config = model.config
+    edited = type(config).from_dict({**config.to_dict(), **described.edits})
+    saved = dict(vars(config))
+    vars(config).update(vars(edited))
+    problem = matches_stock(model)
+    if problem is not None:
+        vars(config).clear()
+        vars(config).update(saved)
+    return problem
+
+
+def _scaled(value: Any, keep: float, round_to: int) -> list[Any]:
+    """Smaller values of a config field to try, best first: a multiple of ``round_to`` near ``keep * value``, then
+    the nearest integer; for a float, ``keep * value``; for a list of positive ints, each element so."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        if value <= 1:
+            return []
+        exact = value * keep
+        options = [round(exact / round_to) * round_to, round(exact), math.floor(exact)]
+        return list(dict.fromkeys(o for o in options if 1 <= o < value))
+    if isinstance(value, float):
+        return [round(value * keep, 4)] if value > 0 and math.isfinite(value) else []
+    if isinstance(value, list | tuple) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                          and v > 1 for v in value):
+        per_element = [_scaled(v, keep, round_to) for v in value]
+        if all(per_element):
+            return [type(value)(options[0] for options in per_element)]
+    return []
+
+
+def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple[Shapes, Any] | None:
+    """The parameter shapes of the model's stock class built on the meta device from ``fields``, and the shapes
+    of its outputs on ``inputs`` (moved to the meta device); ``None`` if the class refuses the config or the call
+    fails (an edited input width, for one)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    from optkit.io.hf import stock_class
+
+    meta = lambda value: value.to("meta") if isinstance(value, torch.Tensor) else value  # noqa: E731
+    try:
+        config = type(model.config).from_dict(dict(fields))
+        with torch.device("meta"):
+            fresh = stock_class(model)(config).eval()
+            with torch.no_grad():
+                out = fresh(*tree_map(meta, inputs.args), **tree_map(meta, inputs.kwargs))
+    except Exception:  # noqa: BLE001 - a config the class refuses is not a candidate
+        return None
+    shapes = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
+    out = out.to_tuple() if hasattr(out, "to_tuple") else out
+    return shapes, tree_map(lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v, out)
+
+
+def _only_channels(current: Shapes, edited: Shapes, layers: dict[str, nn.Module]) -> bool:
+    """Whether ``edited`` differs from ``current`` somewhere, and only by narrower channels: the first two
+    dimensions of conv/linear weights (never a kernel's), and one-dimensional parameters (biases, norms,
+    scales) of any module but an embedding."""
+    from torch import nn
+
+    from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES
+
+    if edited.keys() != current.keys():
+        return False
+    changed = [n for n in current if edited[n] != current[n]]
+    if not changed:
+        return False
+    for name in changed:
+        layer, old, new = layers.get(name.rpartition(".")[0]), current[name], edited[name]
+        if len(old) != len(new) or any(n > o for n, o in zip(new, old)) or old[2:] != new[2:]:
+            return False
+        if not isinstance(layer, PRUNABLE_WEIGHT_TYPES) and (len(old) != 1 or isinstance(layer, nn.Embedding)):
+            return False
+    return True

@@ -1,0 +1,113 @@
+"""Channel pruning of ``transformers`` models whose widths vary by stage keeps widths their config can state."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
+
+IMAGE = 32
+
+
+def _swin():
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4, image_size=IMAGE,
+                                     patch_size=2, num_labels=10)
+    return transformers.SwinForImageClassification(config).eval()
+
+
+def _pixels() -> torch.Tensor:
+    return torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+
+
+def _params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _convnext():
+    torch.manual_seed(0)
+    config = transformers.ConvNextConfig(hidden_sizes=[32, 64, 128, 256], depths=[1, 2, 1, 1], num_labels=10,
+                                         image_size=IMAGE)
+    return transformers.ConvNextForImageClassification(config).eval()
+
+
+def test_a_convnext_is_pruned_to_the_stage_widths_its_config_states_and_the_stock_class_reloads_it(tmp_path):
+    model = _convnext()
+    before = _params(model)
+
+    result = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE), round_to=8).apply(model)
+
+    pruned = result.model
+    # 0.7 of each stage width, rounded to a multiple of 8: 22.4 -> 24, 44.8 -> 48, 89.6 -> 88, 179.2 -> 176.
+    assert list(pruned.config.hidden_sizes) == [24, 48, 88, 176]
+    assert result.details["config_widths"] == {"hidden_sizes": [24, 48, 88, 176]}
+    for stage, width in enumerate([24, 48, 88, 176]):
+        for layer in pruned.convnext.encoder.stages[stage].layers:
+            assert layer.dwconv.weight.shape == (width, 1, 7, 7)
+            assert layer.pwconv1.weight.shape == (4 * width, width)
+    assert pruned.classifier.weight.shape == (10, 176)
+    assert 0.45 * before < _params(pruned) < 0.55 * before
+
+    pruned.save_pretrained(tmp_path)
+    stock, info = transformers.ConvNextForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    with torch.no_grad():
+        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
+                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+
+
+def test_a_swin_whose_query_key_width_the_prune_cannot_narrow_is_pruned_freely():
+    """Swin's config states its widths (embed_dim, mlp_ratio) but the prune holds the query/key projections,
+    which the stock class sizes from embed_dim: the described widths are refused and channels are pruned as
+    for any model, the config untouched."""
+    model = _swin()
+    before = _params(model)
+
+    result = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE)).apply(model)
+
+    assert "config_widths" not in result.details
+    assert result.model.config.embed_dim == 32 and result.model.config.mlp_ratio == 4.0
+    assert _params(result.model) < 0.8 * before
+    with torch.no_grad():
+        assert result.model(pixel_values=_pixels()).logits.shape == (2, 10)
+
+
+def test_fields_that_are_not_channel_widths_are_left_alone():
+    """Patch size changes a kernel, window size a position table, num_channels the input and num_labels the
+    output: none is a width a channel prune may change."""
+    from optkit.passes.prune.config_widths import describe
+
+    model = _swin()
+    settings = StructuredPrune(ratio=0.5, input_shape=(1, 3, IMAGE, IMAGE))
+    spec = settings.spec()
+
+    described = describe(model, spec, spec.uniform(0.5, 8))
+
+    assert described is not None and set(described.edits) == {"embed_dim", "mlp_ratio"}
+    assert described.edits == {"embed_dim": 16, "mlp_ratio": 2.0}
+
+
+def test_a_model_its_config_no_longer_describes_is_pruned_freely():
+    """Weights already narrowed by hand: the config cannot rebuild the model, so no config edit is tried and
+    channel pruning runs as for any model."""
+    from optkit.passes.prune.config_widths import describe
+
+    model = _convnext()
+    layer = model.convnext.encoder.stages[0].layers[0]
+    layer.pwconv1 = torch.nn.Linear(layer.pwconv1.in_features, 100)
+    layer.pwconv2 = torch.nn.Linear(100, layer.pwconv2.out_features)
+    narrowed = _params(model)
+    settings = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE), round_to=8)
+    spec = settings.spec()
+
+    assert describe(model, spec, spec.uniform(0.3, 8)) is None
+    result = settings.apply(model)
+    assert "config_widths" not in result.details and list(result.model.config.hidden_sizes) == [32, 64, 128, 256]
+    assert _params(result.model) < 0.7 * narrowed
