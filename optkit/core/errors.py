@@ -55,3 +55,10 @@ class DataError(OptkitError):
 
 class TrainingError(OptkitError):
     """Fine-tuning cannot go on: the loss stopped being finite, or a checkpoint does not fit the run."""
+
+
+def first_line(error: BaseException, *, lines: int = 1, limit: int = 300) -> str:
+    """An error's message cut to its first ``lines`` non-blank lines (joined by a space) and ``limit`` characters,
+    for a one-line report; the error's class name when the message is empty."""
+    kept = [line.strip() for line in str(error).strip().splitlines() if line.strip()][:lines]
+    return " ".join(kept)[:limit] if kept else type(error).__name__

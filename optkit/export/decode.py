@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.errors import ExportError
+from optkit.core.errors import ExportError, first_line
 
 if TYPE_CHECKING:
     import numpy as np
@@ -187,7 +187,7 @@ def export_decode(model: nn.Module, path: str | os.PathLike, *, opset: int = 17,
                 torch.onnx.export(step, tuple(trace), str(out), input_names=inputs, output_names=outputs,
                                   dynamic_axes=dynamic, opset_version=opset, dynamo=False)
         except Exception as e:
-            raise ExportError(f"the decode step of {type(model).__name__} did not export ({_first_line(e)}); "
+            raise ExportError(f"the decode step of {type(model).__name__} did not export ({first_line(e)}); "
                               "nothing was written") from e
         checks = [_verify(step, out, prepared, shapes, new=new, past=past, rtol=rtol)
                   for new, past in ((4, 0), (1, 7))]
@@ -209,7 +209,7 @@ def _verify(step: nn.Module, path: Path, model: nn.Module, shapes: list[tuple[in
     try:
         actual = session(path).run(None, feed(path, inputs))
     except Exception as e:
-        raise ExportError(f"ONNX Runtime failed to run the decode step ({_first_line(e)}); nothing was written") from e
+        raise ExportError(f"ONNX Runtime failed to run the decode step ({first_line(e)}); nothing was written") from e
     # Each output against its own scale: the logits' error is not hidden by larger cached values.
     diff, tolerance = max(((float(np.abs(a - e).max()), rtol * float(np.abs(e).max()))
                            for a, e in zip(actual, expected)), key=lambda pair: pair[0] / max(pair[1], 1e-30))
@@ -360,8 +360,3 @@ def _speed(times_ms: list[float], threads: int) -> dict[str, Any]:
     median = float(np.median(times_ms))
     return {"median_ms": round(median, 4), "p90_ms": round(float(np.percentile(times_ms, 90)), 4),
             "tokens_per_s": round(1e3 / median, 1), "steps": len(times_ms), "threads": threads}
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(error).__name__

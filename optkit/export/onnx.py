@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.errors import ExportError
+from optkit.core.errors import ExportError, first_line
 
 if TYPE_CHECKING:
     import onnx
@@ -258,7 +258,7 @@ def _folded_copy(reference: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Modul
         details = fold_batchnorm(prepared, input_shape=shape)
     except Exception as e:
         # Folding is an optimization: the exporter and ONNX Runtime still fuse Conv+BN pairs.
-        return copy.deepcopy(reference), f"BatchNorm was not folded before export ({_first_line(e)})"
+        return copy.deepcopy(reference), f"BatchNorm was not folded before export ({first_line(e)})"
     return prepared, (f"{len(details['not_folded'])} BatchNorm(s) could not be folded into a conv/linear layer"
                       if details["not_folded"] else None)
 
@@ -308,7 +308,7 @@ def _export_once(model: nn.Module, reference: nn.Module, out: Path, shape: tuple
         _run_exporter(model, raw, shape, exporter, opset=opset, dynamic_batch=dynamic_batch)
         proto = onnx.load(str(raw))
     except Exception as e:
-        raise ExportError(f"the {exporter} exporter failed: {_first_line(e)}") from e
+        raise ExportError(f"the {exporter} exporter failed: {first_line(e)}") from e
     shutil.rmtree(raw.parent)
     if simplify:
         proto = _simplify(proto)
@@ -406,7 +406,7 @@ def _simplify(proto: onnx.ModelProto) -> onnx.ModelProto:
         with contextlib.redirect_stdout(io.StringIO()):
             return onnxslim.slim(proto)
     except Exception as e:
-        raise ExportError(f"onnxslim could not simplify the graph: {_first_line(e)}") from e
+        raise ExportError(f"onnxslim could not simplify the graph: {first_line(e)}") from e
 
 
 def _save(proto: onnx.ModelProto, out: Path, external_data: bool | None) -> bool:
@@ -447,7 +447,7 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     try:
         onnx.checker.check_model(str(path))
     except Exception as e:
-        raise ExportError(f"onnx.checker rejected the exported file: {_first_line(e)}") from e
+        raise ExportError(f"onnx.checker rejected the exported file: {first_line(e)}") from e
     kind = kind_of(model)
     batch = int(input_shape[0])
     batches = (batch, batch + 2) if dynamic_batch and kind.dynamic_batch else (batch, batch)
@@ -456,7 +456,7 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     try:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as e:
-        raise ExportError(f"ONNX Runtime cannot load the exported file: {_first_line(e)}") from e
+        raise ExportError(f"ONNX Runtime cannot load the exported file: {first_line(e)}") from e
     for index, b in enumerate(batches):
         inputs = kind.example_inputs(model, (b, *input_shape[1:]), seed=seed + index)
         with torch.no_grad():
@@ -466,7 +466,7 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
             feed = {i.name: _as_feed(given[i.name] if i.name in given else inputs.first()) for i in session.get_inputs()}
             actual = [np.asarray(a, dtype=np.float32) for a in session.run(None, feed)]
         except Exception as e:
-            raise ExportError(f"ONNX Runtime failed to run the exported file at batch size {b}: {_first_line(e)}") from e
+            raise ExportError(f"ONNX Runtime failed to run the exported file at batch size {b}: {first_line(e)}") from e
         try:
             diff, scale = kind.compare(expected, actual)
         except ValueError as e:
@@ -522,8 +522,3 @@ def _result(target: Path, exporter: str, attempts: dict[str, str], opset: int, d
                      "(torchvision zero-initializes some classifier heads, e.g. ViT's)")
     return ExportResult(str(target), exporter, attempts, opset, dynamic_batch, fp16, simplify, is_external, checks,
                         file_size, compressed, sparsity, batchnorms, round(seconds, 3), notes)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(error).__name__

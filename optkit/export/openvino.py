@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from optkit.core.errors import ExportError
+from optkit.core.errors import ExportError, first_line
 
 PRECISIONS = ("fp32", "bf16", "int8")
 INSTALL = "pip install 'optkit[openvino]'"
@@ -135,7 +135,7 @@ def read(path: str | os.PathLike) -> Any:
     try:
         return core().read_model(os.fspath(path))
     except Exception as e:
-        raise ExportError(f"OpenVINO cannot read {path}: {_first_line(e)}") from e
+        raise ExportError(f"OpenVINO cannot read {path}: {first_line(e)}") from e
 
 
 def recorded_precision(model: Any) -> str | None:
@@ -165,7 +165,7 @@ def quantize(model: Any, batches: Sequence[Any]) -> Any:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return nncf.quantize(model.clone(), nncf.Dataset(list(batches)), subset_size=len(batches))
     except Exception as e:
-        raise ExportError(f"NNCF could not quantize the model: {_first_line(e)}") from e
+        raise ExportError(f"NNCF could not quantize the model: {first_line(e)}") from e
     finally:
         logger.setLevel(level)
 
@@ -234,7 +234,7 @@ def compile_model(model: Any, *, precision: str | None = None, threads: int | No
     try:
         return core().compile_model(model, "CPU", config)
     except Exception as e:
-        raise ExportError(f"OpenVINO cannot compile the model: {_first_line(e)}") from e
+        raise ExportError(f"OpenVINO cannot compile the model: {first_line(e)}") from e
 
 
 def fix_shape(model: Any, input_shape: Sequence[int]) -> None:
@@ -253,7 +253,7 @@ def fix_shape(model: Any, input_shape: Sequence[int]) -> None:
     try:
         model.reshape(shapes)
     except Exception as e:
-        raise ExportError(f"the model does not take input shape {','.join(map(str, shape))}: {_first_line(e)}") from e
+        raise ExportError(f"the model does not take input shape {','.join(map(str, shape))}: {first_line(e)}") from e
 
 
 def run(compiled: Any, batch: Any) -> Any:
@@ -261,8 +261,3 @@ def run(compiled: Any, batch: Any) -> Any:
     import numpy as np
 
     return np.asarray(compiled({0: batch})[0], dtype=np.float32)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(error).__name__

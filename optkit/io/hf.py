@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.errors import ModelLoadError, UntrustedPickleError
+from optkit.core.errors import ModelLoadError, UntrustedPickleError, first_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -64,7 +64,8 @@ def _class_and_config(folder: Path, config: dict[str, Any] | None = None) -> tup
             config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True,
                                                              trust_remote_code=False)
     except Exception as e:
-        raise ModelLoadError(f"{folder / CONFIG} is not a config transformers can read ({_first_line(e)})") from e
+        reason = first_line(e, limit=200)
+        raise ModelLoadError(f"{folder / CONFIG} is not a config transformers can read ({reason})") from e
     names = list(getattr(config, "architectures", None) or [])
     cls = getattr(transformers, names[0], None) if names else transformers.AutoModel
     if cls is None:
@@ -88,7 +89,8 @@ def build_from_config(folder: str | os.PathLike, config: dict[str, Any] | None =
     try:
         return cls._from_config(config) if cls is transformers.AutoModel else cls(config)
     except Exception as e:
-        raise ModelLoadError(f"cannot build {cls.__name__} from {folder / CONFIG} ({_first_line(e)})") from e
+        reason = first_line(e, limit=200)
+        raise ModelLoadError(f"cannot build {cls.__name__} from {folder / CONFIG} ({reason})") from e
 
 
 def load_folder(folder: str | os.PathLike, *, trust: bool = False) -> tuple[nn.Module, list[str]]:
@@ -121,7 +123,7 @@ def load_folder(folder: str | os.PathLike, *, trust: bool = False) -> tuple[nn.M
                                               use_safetensors=has_safetensors, output_loading_info=True,
                                               ignore_mismatched_sizes=True)
     except Exception as e:
-        raise ModelLoadError(f"transformers cannot read the weights in {folder} ({_first_line(e)})") from e
+        raise ModelLoadError(f"transformers cannot read the weights in {folder} ({first_line(e, limit=200)})") from e
     counts = {kind: list(info.get(f"{kind}_keys") or []) for kind in ("missing", "unexpected", "mismatched")}
     if any(counts.values()):
         examples = [f"{_key(k)} {kind}" for kind, keys in counts.items() for k in keys][:3]
@@ -134,11 +136,6 @@ def load_folder(folder: str | os.PathLike, *, trust: bool = False) -> tuple[nn.M
 def _key(entry: Any) -> str:
     key = entry[0] if isinstance(entry, (tuple, list)) else str(entry)
     return key if len(key) <= 60 else "..." + key[-57:]
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0][:200] if lines else type(error).__name__
 
 
 #: Tokenizer files copied from the input folder into a ``save_pretrained`` output, when present.
@@ -205,7 +202,7 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
             same = torch.allclose(reloaded_out, expected, rtol=0, atol=RELOAD_RTOL * float(expected.abs().max()))
             reason = None if same else "its outputs differ from the pruned model's"
     except Exception as e:
-        reason = _first_line(e)
+        reason = first_line(e, limit=200)
     if reason is None:
         return [p.name for p in written], None
     for path in written:

@@ -65,19 +65,21 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
     outputs = built[1]
     layers = dict(model.named_modules())
 
-    def is_width_edit(fields: dict[str, Any]) -> bool:
+    def width_edit_shapes(fields: dict[str, Any]) -> Shapes | None:
+        """The parameter shapes ``fields`` build, when they differ from the model's only in channel widths."""
         edited = _stock_build(model, fields, inputs)
-        return edited is not None and edited[1] == outputs and _only_channels(current, edited[0], layers)
+        ok = edited is not None and edited[1] == outputs and _only_channels(current, edited[0], layers)
+        return edited[0] if ok else None
 
     edits: dict[str, Any] = {}
     for key, value in base.items():
         candidate = next((c for c in _scaled(value, 1.0 - widths.ratio, widths.round_to)
-                          if is_width_edit({**base, key: c})), None)
+                          if width_edit_shapes({**base, key: c}) is not None), None)
         if candidate is not None:
             edits[key] = candidate
-    if not edits or not is_width_edit({**base, **edits}):
+    target = width_edit_shapes({**base, **edits}) if edits else None
+    if target is None:
         return None
-    target = _stock_build(model, {**base, **edits}, inputs)[0]
     _, _, submodule = spec.root_and_inputs(model)
     prefix = f"{submodule}." if submodule else ""
     groups = prunable_groups(spec, model)

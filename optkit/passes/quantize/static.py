@@ -16,7 +16,7 @@ import platform
 from collections.abc import Collection
 from pathlib import Path
 
-from optkit.core.errors import ExportError
+from optkit.core.errors import ExportError, first_line
 from optkit.passes.quantize.calibration import Batches, calibration_reader
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -62,7 +62,7 @@ def preprocess(fp32_path: str | os.PathLike, out_path: str | os.PathLike) -> Non
                 quant_pre_process(str(fp32_path), str(out_path), skip_symbolic_shape=skip_symbolic)
             return
         except Exception as e:  # noqa: BLE001 - the fallback below decides
-            errors.append(_first_line(e))
+            errors.append(first_line(e))
     raise ExportError(f"{fp32_path}: ONNX Runtime's quantization pre-processing failed ({'; '.join(errors)}); "
                       "re-export the model (optkit export) and try again")
 
@@ -126,7 +126,7 @@ def quantize_file(pre_path: str | os.PathLike, out_path: str | os.PathLike, *, m
     except ExportError:
         raise
     except Exception as e:
-        raise ExportError(f"ONNX Runtime could not quantize {Path(pre_path).name} ({_first_line(e)})") from e
+        raise ExportError(f"ONNX Runtime could not quantize {Path(pre_path).name} ({first_line(e)})") from e
 
 
 def _float_inputs(path: str | os.PathLike, nodes: set[str]) -> None:
@@ -184,8 +184,3 @@ def _quiet():
             yield
     finally:
         logger.setLevel(level)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(error).__name__

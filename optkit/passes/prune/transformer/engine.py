@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from optkit.core.errors import OptkitError
+from optkit.core.errors import OptkitError, first_line
 from optkit.passes.prune.transformer import depth, hidden as hidden_size
 from optkit.passes.prune.transformer.importance import Activations, channel_scores, expert_scores, head_scores
 from optkit.passes.prune.transformer.parse import parse_block
@@ -283,12 +283,12 @@ def matches_stock(model: nn.Module) -> str | None:
         # (hidden size a multiple of the head count, even with an explicit head_dim), setattr does not.
         type(model.config).from_dict(model.config.to_dict())
     except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
-        return f"its config.json would not load: {_first_line(error)}"
+        return f"its config.json would not load: {type(error).__name__}: {first_line(error, lines=2)}"
     try:
         with torch.device("meta"):
             fresh = stock_class(model)(model.config)
     except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
-        return _first_line(error)
+        return f"{type(error).__name__}: {first_line(error, lines=2)}"
     ours = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
     theirs = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
     for name in sorted(set(ours) | set(theirs)):
@@ -306,11 +306,6 @@ def matches_stock(model: nn.Module) -> str | None:
                 setattr(module, key, theirs_value)
     hidden_size.refresh_derived_buffers(model)
     return None
-
-
-def _first_line(error: Exception) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {' '.join(lines[:2])}" if lines else type(error).__name__
 
 
 def _is_setting(value: Any) -> bool:
