@@ -16,7 +16,7 @@ from torch import nn
 
 from optkit.kinds import example_inputs, model_device
 
-__all__ = ["PRUNABLE_WEIGHT_TYPES", "ModelStats", "count_macs", "count_params", "eval_mode", "example_input",
+__all__ = ["PRUNABLE_WEIGHT_TYPES", "ModelStats", "count_macs", "detach_caches", "count_params", "eval_mode", "example_input",
            "file_size", "fingerprint", "measure", "model_device", "prunable_weights", "summarize_ms", "time_callable",
            "weight_sparsity"]
 
@@ -69,6 +69,24 @@ def example_input(model: nn.Module, input_shape: Sequence[int], *, seed: int = 0
     gives the whole call (an attention mask too).
     """
     return example_inputs(model, input_shape, seed=seed).first()
+
+
+def detach_caches(model: nn.Module) -> nn.Module:
+    """Detach, in place, tensors ``model``'s modules keep outside their parameters and buffers (a cache filled by a
+    forward pass, such as attention biases gathered in eval mode) that carry autograd history: deep copies of the
+    model, which every trial prune makes, refuse such tensors. Returns ``model``."""
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    def detached(value: Any) -> Any:
+        return value.detach() if isinstance(value, torch.Tensor) and not value.is_leaf else value
+
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor | dict | list | tuple) and not name.startswith("_"):
+                leaves = tree_leaves(value)
+                if any(isinstance(leaf, torch.Tensor) and not leaf.is_leaf for leaf in leaves):
+                    setattr(module, name, tree_map(detached, value))
+    return model
 
 
 @contextlib.contextmanager

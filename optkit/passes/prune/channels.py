@@ -217,14 +217,18 @@ def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths) -
     """Prune a ``transformers`` model to the widths its own config can state (:mod:`.config_widths`), so the stock
     class reloads it; ``None`` (and ``model`` unchanged) when its config states none or the result differs."""
     import copy
+    import dataclasses
 
-    from optkit.passes.prune import config_widths
+    from optkit.analysis.metrics import detach_caches
+    from optkit.passes.prune import config_heads, config_widths
 
     described = config_widths.describe(model, spec, widths)
     if described is None:
         return None
-    trial = copy.deepcopy(model)
-    details = prune_to(trial, spec, Widths(0.0, described.per_group, 1))
+    trial = copy.deepcopy(detach_caches(model))  # describe traced it with autograd on
+    held = dataclasses.replace(spec, ignored_layers=(*spec.ignored_layers, *described.held))
+    details = prune_to(trial, held, Widths(0.0, described.per_group, 1))
+    config_heads.cut(trial, list(described.interiors), described.heads)
     if details.get("held_layers") or config_widths.adopt_config(trial, described) is not None:
         return None
     _adopt(model, trial)

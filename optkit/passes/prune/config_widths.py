@@ -20,8 +20,11 @@ has the shape the edited config builds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from optkit.passes.prune import config_heads
+from optkit.passes.prune.config_heads import Interior
 
 if TYPE_CHECKING:
     from torch import nn
@@ -31,11 +34,16 @@ Shapes = dict[str, tuple[int, ...]]
 
 @dataclass(frozen=True)
 class DescribedWidths:
-    """A config edit and the per-group ratios that prune a model to the widths it describes."""
+    """A config edit and the per-group ratios that prune a model to the widths it describes; the attention units
+    (:mod:`.config_heads`), the heads the edit gives them (unit name -> (heads, inner width)), and their input
+    projections (``held``, names relative to the pruned root), which the channel prune leaves to those units."""
 
     edits: dict[str, Any]
     per_group: dict[str, float]
     before: dict[str, Any]
+    interiors: tuple[Interior, ...] = ()
+    heads: dict[str, tuple[int, int]] = field(default_factory=dict)
+    held: tuple[str, ...] = ()
 
     def summary(self) -> str:
         return ", ".join(f"{key} {self.before[key]}->{value}" for key, value in self.edits.items())
@@ -62,31 +70,49 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
     built = _stock_build(model, base, inputs)
     if built is None or built[0] != current:
         return None
-    outputs = built[1]
     layers = dict(model.named_modules())
+    build = lambda fields: _stock_build(model, fields, inputs)  # noqa: E731
+    interiors = config_heads.find_interiors(model, inputs)
+    heads = config_heads.find_head_fields(interiors, base, built, build)
+    # Width edits are tried with one head per unit (any width splits into one head), heads chosen after.
+    reference = build(heads.pinned(base)) if heads.elements else built
+    if reference is None:
+        heads, reference = config_heads.HeadFields({}), built
+    head_keys = {key for key, _ in heads.elements}
 
-    def width_edit_shapes(fields: dict[str, Any]) -> Shapes | None:
-        """The parameter shapes ``fields`` build, when they differ from the model's only in channel widths."""
-        edited = _stock_build(model, fields, inputs)
-        ok = edited is not None and edited[1] == outputs and _only_channels(current, edited[0], layers)
-        return edited[0] if ok else None
+    def width_edit(fields: dict[str, Any]) -> tuple[Shapes, Any, nn.Module] | None:
+        """The model ``fields`` build (one head per unit), when it differs from the reference only in channel
+        widths."""
+        edited = build(heads.pinned(fields))
+        ok = edited is not None and edited[1] == reference[1] and _only_channels(reference[0], edited[0], layers)
+        return edited if ok else None
 
     edits: dict[str, Any] = {}
     for key, value in base.items():
         candidate = next((c for c in _scaled(value, 1.0 - widths.ratio, widths.round_to)
-                          if width_edit_shapes({**base, key: c}) is not None), None)
+                          if width_edit({**base, key: c}) is not None), None) if key not in head_keys else None
         if candidate is not None:
             edits[key] = candidate
-    target = width_edit_shapes({**base, **edits}) if edits else None
-    if target is None:
+    narrowed = width_edit({**base, **edits}) if edits else None
+    fields = heads.split({**base, **edits}, interiors, narrowed) if narrowed is not None else None
+    built = build(fields) if fields is not None else None
+    if built is None or not config_heads.heads_differ_only(interiors, narrowed, built):
         return None
+    edits = {key: value for key, value in fields.items() if value != base[key]}
+    target = built[0]
     _, _, submodule = spec.root_and_inputs(model)
     prefix = f"{submodule}." if submodule else ""
-    groups = prunable_groups(spec, model)
-    kept = [target.get(f"{prefix}{g.pattern}.weight", (g.channels,))[0] for g in groups]
+    try:
+        groups = prunable_groups(spec, model)
+    except Exception:  # noqa: BLE001 - torch-pruning cannot group it; the free prune's fallback search takes over
+        return None
+    held = tuple(name[len(prefix):] for unit in interiors for name, _ in unit.projections)
+    kept = [g.channels if g.pattern in held else target.get(f"{prefix}{g.pattern}.weight", (g.channels,))[0]
+            for g in groups]
     if any(k > g.channels for g, k in zip(groups, kept)):
         return None
-    return DescribedWidths(edits, ratios_for(groups, kept), {key: base[key] for key in edits})
+    return DescribedWidths(edits, ratios_for(groups, kept), {key: base[key] for key in edits}, tuple(interiors),
+                           config_heads.targets(interiors, built), held)
 
 
 def adopt_config(model: nn.Module, described: DescribedWidths) -> str | None:
@@ -130,10 +156,10 @@ def _scaled(value: Any, keep: float, round_to: int) -> list[Any]:
     return []
 
 
-def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple[Shapes, Any] | None:
-    """The parameter shapes of the model's stock class built on the meta device from ``fields``, and the shapes
-    of its outputs on ``inputs`` (moved to the meta device); ``None`` if the class refuses the config or the call
-    fails (an edited input width, for one)."""
+def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple[Shapes, Any, nn.Module] | None:
+    """The parameter shapes of the model's stock class built on the meta device from ``fields``, the shapes of
+    its outputs on ``inputs`` (moved to the meta device), and the built model; ``None`` if the class refuses the
+    config or the call fails (an edited input width, for one)."""
     import torch
     from torch.utils._pytree import tree_map
 
@@ -150,7 +176,7 @@ def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple
         return None
     shapes = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
     out = out.to_tuple() if hasattr(out, "to_tuple") else out
-    return shapes, tree_map(lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v, out)
+    return shapes, tree_map(lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v, out), fresh
 
 
 def _only_channels(current: Shapes, edited: Shapes, layers: dict[str, nn.Module]) -> bool:

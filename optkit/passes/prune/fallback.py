@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optkit.analysis.metrics import detach_caches
 from optkit.kinds.base import call_with
 from optkit.passes.prune import engine as _engine
 from optkit.passes.prune import limits as _limits
@@ -266,7 +267,7 @@ def attempt(job: Job, extra_held: dict[str, str],
         on any failure; ``where`` names the innermost module of the copy the
         error was raised in (a forward, or torch-pruning working on it), if any.
     """
-    work = copy.deepcopy(job.model)
+    work = copy.deepcopy(detach_caches(job.model))
     root = work.get_submodule(job.root_name) if job.root_name else work
     modules = dict(root.named_modules())
     held = {modules[name]: reason for name, reason in {**job.held, **extra_held}.items()}
@@ -301,7 +302,7 @@ def screen(job: Job, held: dict[str, str]) -> tuple[list[_Unit], str | None]:
     """
     from torch import nn
 
-    work = copy.deepcopy(job.model)
+    work = copy.deepcopy(detach_caches(job.model))
     root = work.get_submodule(job.root_name) if job.root_name else work
     modules = dict(root.named_modules())
     names = {m: n for n, m in modules.items()}
@@ -377,6 +378,7 @@ def check_runs(model: nn.Module, inputs: Any, reference: list) -> str | None:
         if isinstance(loss, torch.Tensor):
             loss.backward()
     model.zero_grad(set_to_none=True)
+    detach_caches(model)
     return None
 
 

@@ -58,7 +58,10 @@ def prunable_groups(settings: Pass, model: nn.Module) -> list[Group]:
     with torch.no_grad():
         for group in graph.get_all_groups(ignored_layers=plan.pruner.ignored_layers,
                                           root_module_types=plan.pruner.root_module_types):
-            scores = options.importance(group)
+            try:
+                scores = options.importance(group)
+            except IndexError:  # torch-pruning cannot map this group's indices (q/k through a reshape): not listed
+                continue
             if scores is None:
                 continue
             cumulative = [0.0]

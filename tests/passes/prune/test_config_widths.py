@@ -1,4 +1,5 @@
-"""Channel pruning of ``transformers`` models whose widths vary by stage keeps widths their config can state."""
+"""Channel pruning of ``transformers`` models whose widths vary by stage keeps widths their config can state
+(Swin's heads: ``test_config_heads.py``)."""
 
 from __future__ import annotations
 
@@ -63,25 +64,10 @@ def test_a_convnext_is_pruned_to_the_stage_widths_its_config_states_and_the_stoc
                                    pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
 
 
-def test_a_swin_whose_query_key_width_the_prune_cannot_narrow_is_pruned_freely():
-    """Swin's config states its widths (embed_dim, mlp_ratio) but the prune holds the query/key projections,
-    which the stock class sizes from embed_dim: the described widths are refused and channels are pruned as
-    for any model, the config untouched."""
-    model = _swin()
-    before = _params(model)
-
-    result = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE)).apply(model)
-
-    assert "config_widths" not in result.details
-    assert result.model.config.embed_dim == 32 and result.model.config.mlp_ratio == 4.0
-    assert _params(result.model) < 0.8 * before
-    with torch.no_grad():
-        assert result.model(pixel_values=_pixels()).logits.shape == (2, 10)
-
-
 def test_fields_that_are_not_channel_widths_are_left_alone():
     """Patch size changes a kernel, window size a position table, num_channels the input and num_labels the
-    output: none is a width a channel prune may change."""
+    output: none is a width a channel prune may change. The head counts follow the widths (whole 16-wide heads
+    of the halved stages, :mod:`optkit.passes.prune.config_heads`)."""
     from optkit.passes.prune.config_widths import describe
 
     model = _swin()
@@ -90,8 +76,7 @@ def test_fields_that_are_not_channel_widths_are_left_alone():
 
     described = describe(model, spec, spec.uniform(0.5, 8))
 
-    assert described is not None and set(described.edits) == {"embed_dim", "mlp_ratio"}
-    assert described.edits == {"embed_dim": 16, "mlp_ratio": 2.0}
+    assert described is not None and described.edits == {"embed_dim": 16, "mlp_ratio": 2.0, "num_heads": [1, 2]}
 
 
 def test_a_model_its_config_no_longer_describes_is_pruned_freely():

@@ -25,12 +25,6 @@ from optkit.cli import main  # noqa: E402
 from optkit.io.models import load_model  # noqa: E402
 
 SEQ_LEN = 16
-# Where optkit falls short today (benchmarks/results/hf-zoo.md), with the place that needs the change.
-PER_STAGE_HEADS = ("swin's num_heads is a per-stage list, so the transformer engine does not take it; the widths "
-                   "its config states (embed_dim, mlp_ratio) size the query/key projections, which channel pruning "
-                   "holds whole, so it is pruned freely and no save_pretrained folder is written (report.md says so)")
-KNOWN = {"swin": PER_STAGE_HEADS}
-TYPES = [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN[t])) if t in KNOWN else t for t in DEV_SET]
 
 
 def _inputs(model_type: str) -> dict[str, torch.Tensor]:
@@ -42,7 +36,7 @@ def _inputs(model_type: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", TYPES)
+@pytest.mark.parametrize("model_type", DEV_SET)
 def test_optimize_prunes_the_type_and_the_stock_class_reloads_it(model_type, tmp_path):
     import numpy as np
     import onnxruntime as ort

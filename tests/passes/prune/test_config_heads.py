@@ -1,0 +1,197 @@
+"""Attention heads of models whose config states a head count per stage (a Swin's ``num_heads`` list): whole heads
+go where a stage's new width is a whole number of head widths, heads narrow elsewhere, and the stock class
+reloads the result."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+from optkit.kinds import example_inputs  # noqa: E402
+from optkit.passes.prune import config_heads  # noqa: E402
+from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
+
+IMAGE = 32
+HEAD_DIM = 16
+
+
+def _swin(config_class=transformers.SwinConfig, model_class=transformers.SwinForImageClassification):
+    torch.manual_seed(0)
+    config = config_class(embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4, image_size=IMAGE,
+                          patch_size=2, num_labels=10)
+    model = model_class(config).eval()
+    with torch.no_grad():  # the tables start at zero; per-head values make a wrongly kept head visible
+        for name, param in model.named_parameters():
+            if "relative_position_bias_table" in name:
+                param.normal_(0.0, 0.5)
+    return model
+
+
+def _pixels() -> torch.Tensor:
+    return torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+
+
+def _units(model) -> dict[str, config_heads.Interior]:
+    return {u.name: u for u in config_heads.find_interiors(model, example_inputs(model, (1, 3, IMAGE, IMAGE)))}
+
+
+def _call_of(model, module):
+    """``module``'s first call (args, kwargs) and output in a forward pass of ``model``."""
+    seen = []
+    hook = module.register_forward_hook(lambda m, a, k, o: seen.append((a, k, o)), with_kwargs=True)
+    with torch.no_grad():
+        model(pixel_values=_pixels())
+    hook.remove()
+    return seen[0]
+
+
+def test_units_are_found_with_their_projections_in_both_attention_layouts():
+    """HF Swin keeps its output projection inside the attention; SwinV2 beside it (``attention.output.dense``)."""
+    units = _units(_swin())
+    assert len(units) == 4 and {u.heads for u in units.values()} == {2, 4}
+    unit = units["swin.encoder.layers.1.blocks.0.attention"]
+    assert [name.rsplit(".", 1)[1] for name, _ in unit.projections] == ["q_proj", "k_proj", "v_proj"]
+    assert unit.output.endswith("attention.o_proj") and (unit.heads, unit.width, unit.head_dim) == (4, 64, 16)
+
+    v2 = _units(_swin(transformers.Swinv2Config, transformers.Swinv2ForImageClassification))
+    unit = v2["swinv2.encoder.layers.0.blocks.1.attention.self"]
+    assert unit.output == "swinv2.encoder.layers.0.blocks.1.attention.output.dense"
+    assert (unit.heads, unit.width) == (2, 32) and len(v2) == 4
+
+
+def test_cutting_a_unit_to_fewer_heads_drops_the_weakest_and_keeps_the_others_exactly():
+    """Head 2 of 4 writes nothing (its output columns are zero) and has the smallest weights: cut to 3 heads,
+    the attention's output is unchanged, and heads 0, 1, 3 keep their q/k/v rows, output columns and bias
+    table column."""
+    model = _swin()
+    name = "swin.encoder.layers.1.blocks.0.attention"
+    attention, unit = model.get_submodule(name), _units(model)[name]
+    dead = slice(2 * HEAD_DIM, 3 * HEAD_DIM)
+    with torch.no_grad():
+        for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
+            linear.weight[dead] *= 1e-3
+        attention.o_proj.weight[:, dead] = 0.0
+    args, kwargs, (expected, _) = _call_of(model, attention)
+    original = {n: p.detach().clone() for n, p in attention.named_parameters()}
+
+    config_heads.cut(model, [unit], {name: (3, 3 * HEAD_DIM)})
+
+    kept = torch.cat([torch.arange(0, 32), torch.arange(48, 64)])
+    for linear in ("q_proj", "k_proj", "v_proj"):
+        torch.testing.assert_close(getattr(attention, linear).weight, original[f"{linear}.weight"][kept], rtol=0,
+                                   atol=0)
+    torch.testing.assert_close(attention.o_proj.weight, original["o_proj.weight"][:, kept], rtol=0, atol=0)
+    table = "relative_position_bias.relative_position_bias_table"
+    torch.testing.assert_close(attention.get_parameter(table), original[table][:, [0, 1, 3]], rtol=0, atol=0)
+    with torch.no_grad():
+        actual, _ = attention(*args, **kwargs)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+def test_narrowing_every_head_keeps_the_strongest_dims_of_each():
+    """Each of the 2 heads has 4 dims (different ones per head) that carry nothing: cut to 2 heads of 12, the
+    attention's output is unchanged."""
+    model = _swin()
+    name = "swin.encoder.layers.0.blocks.1.attention"
+    attention, unit = model.get_submodule(name), _units(model)[name]
+    empty = torch.tensor([0, 5, 9, 13, HEAD_DIM + 2, HEAD_DIM + 3, HEAD_DIM + 10, HEAD_DIM + 15])
+    with torch.no_grad():
+        for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
+            linear.weight[empty] = 0.0
+            linear.bias[empty] = 0.0
+        attention.o_proj.weight[:, empty] = 0.0
+    args, kwargs, (expected, _) = _call_of(model, attention)
+
+    config_heads.cut(model, [unit], {name: (2, 24)})
+
+    assert attention.q_proj.weight.shape == (24, 32) and attention.o_proj.weight.shape == (32, 24)
+    attention.head_dim = 12  # what the stock class derives from the edited config; the scaling stays 16 ** -0.5
+    with torch.no_grad():
+        actual, _ = attention(*args, **kwargs)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+class _Interleaved(nn.Module):
+    """Attention whose channels run dim-major (channel = dim * heads + head): not ``heads`` blocks."""
+
+    def __init__(self, width: int = 32, num_heads: int = 4):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x):
+        b, n, c = x.shape
+
+        def split(t):
+            return t.view(b, n, c // self.num_heads, self.num_heads).permute(0, 3, 1, 2)
+        attention = (split(self.q(x)) @ split(self.k(x)).transpose(-1, -2)).softmax(-1)
+        return self.o((attention @ split(self.v(x))).permute(0, 2, 3, 1).reshape(b, n, c))
+
+
+class _Blocked(_Interleaved):
+    def forward(self, x):
+        b, n, c = x.shape
+
+        def split(t):
+            return t.view(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
+        attention = (split(self.q(x)) @ split(self.k(x)).transpose(-1, -2)).softmax(-1)
+        return self.o((attention @ split(self.v(x))).transpose(1, 2).reshape(b, n, c))
+
+
+def test_a_unit_is_one_only_when_its_heads_lie_in_blocks():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32)
+    assert [u.name for u in config_heads.find_interiors(nn.Sequential(_Blocked()), [x])] == ["0"]
+    assert config_heads.find_interiors(nn.Sequential(_Interleaved()), [x]) == []
+
+
+@pytest.mark.parametrize("ratio, embed_dim, num_heads", [(0.3, 24, [2, 3]), (0.5, 16, [1, 2])])
+def test_a_swin_keeps_whole_heads_where_the_stage_width_allows_and_the_stock_class_reloads_it(
+        ratio, embed_dim, num_heads, tmp_path):
+    """At 0.3 the stage widths go 32 -> 24 (not a whole number of 16-wide heads: 2 heads of 12) and 64 -> 48
+    (3 whole heads of 16); at 0.5, 16 and 32: 1 and 2 whole heads."""
+    model = _swin()
+    before = sum(p.numel() for p in model.parameters())
+
+    result = StructuredPrune(ratio=ratio, input_shape=(1, 3, IMAGE, IMAGE), round_to=8).apply(model)
+
+    pruned = result.model
+    assert (pruned.config.embed_dim, list(pruned.config.num_heads)) == (embed_dim, num_heads)
+    for stage, heads in enumerate(num_heads):
+        for block in pruned.swin.encoder.layers[stage].blocks:
+            width = embed_dim * 2 ** stage
+            assert block.attention.q_proj.weight.shape == (width, width)
+            assert block.attention.head_dim == width // heads
+            assert block.attention.relative_position_bias.relative_position_bias_table.shape[1] == heads
+    assert sum(p.numel() for p in pruned.parameters()) < 0.8 * before
+
+    pruned.save_pretrained(tmp_path)
+    stock, info = transformers.SwinForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    with torch.no_grad():
+        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
+                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+
+
+def test_a_swin_v2_with_its_attention_output_beside_the_heads_reloads_too(tmp_path):
+    model = _swin(transformers.Swinv2Config, transformers.Swinv2ForImageClassification)
+
+    result = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE), round_to=8).apply(model)
+
+    pruned = result.model
+    assert (pruned.config.embed_dim, list(pruned.config.num_heads)) == (24, [2, 3])
+    block = pruned.swinv2.encoder.layers[1].blocks[0].attention.self
+    assert block.logit_scale.shape == (3, 1, 1) and block.continuous_position_bias_mlp[2].weight.shape == (3, 512)
+    pruned.save_pretrained(tmp_path)
+    stock, info = transformers.Swinv2ForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    with torch.no_grad():
+        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
+                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
