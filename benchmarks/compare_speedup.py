@@ -59,7 +59,7 @@ def markdown(result: dict, label_before: str, label_after: str, dates: tuple[str
     if result["macs_identical"]:
         lines += ["", "With the same MACs ratios the pruned models have the same layer widths, so their ONNX files "
                       "do the same work; what moves between the runs is this machine's timing (torch-pruning's "
-                      "rows, whose code did not change, move as much). One thread is the steadier measure here."]
+                      "rows, whose code did not change, move too). One thread is the steadier measure here."]
     lines.append("")
     return "\n".join(lines)
 

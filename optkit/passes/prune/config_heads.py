@@ -9,21 +9,26 @@ the head count stays and every head loses the same number of dims.
 
 * **Units** are found in one forward pass, never by name: a module with a
   head count attribute whose child linears are called as input projections
-  ``C -> k * W`` (``k`` parts: separate q, k, v, or fused) and, last, one
-  output projection ``W -> C``. Their layout (``heads`` blocks of
-  ``W / heads`` channels in every projection, per-head parameters with an
-  axis ``heads`` long) is checked by trying it: shuffling the heads, and the
-  dims inside each head in an order of its own, everywhere at once, must
-  leave the unit's output as it was.
-* **Head-count fields** are found by their outcome: setting one element of a
-  config field to a unit's whole-head count must change, against the width
-  edit, only the head counts of units that can keep that many heads at their
-  width, and only their per-head parameters.
+  ``C -> k * W`` (``k`` parts: separate q, k, v, or fused), closed by an
+  output projection ``W -> C``: its last child linear, or else the first
+  linear called after it returns (an output module beside it, as in BERT-style
+  code). Their layout (``heads`` blocks of ``W / heads`` channels in every
+  projection, per-head parameters with an axis ``heads`` long) is checked by
+  trying it: shuffling the heads, and the dims inside each head in an order
+  of its own, everywhere at once, must leave the output as it was.
+* **Head-count fields** are found by their outcome: setting an element of a
+  config field to 1 must change only the head counts of units that had that
+  many heads (to 1) and only their per-head parameters. Width edits are then
+  tried with every such element at 1 (one head splits any width), and the
+  counts are chosen last from the widths the edit gives.
 * **Cutting** keeps the heads with the largest summed L1 norm of their
   weights (input rows and output columns), and in every kept head the dims
   ranked the same way; the same dims go from every projection, so query-key
   products and value-output paths stay aligned. :func:`.engine.matches_stock`
   then copies the class's derived settings (head width, score scaling).
+  Narrower heads so get the stock class's score scaling for their new width
+  (``1 / sqrt(d')`` instead of ``1 / sqrt(d)``): a slightly sharper softmax
+  that nothing here compensates.
 """
 
 from __future__ import annotations
