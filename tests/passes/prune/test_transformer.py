@@ -159,6 +159,79 @@ def test_a_head_count_the_config_json_cannot_hold_is_refused_and_the_model_left_
     reload_matches(model, AutoModelForCausalLM, tmp_path)
 
 
+def test_norms_over_all_query_or_key_heads_lose_the_pruned_heads_rows(tmp_path):
+    """OLMo-2 normalizes the whole q and k projections (q_norm over heads x head_dim, k_norm over KV heads x
+    head_dim) before splitting heads: those norms keep exactly the kept heads' channels."""
+    dim = 16
+    model = build("olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)
+    with torch.no_grad():  # norms start at ones; distinct values show which channels stayed
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(torch.arange(norm.weight.numel(), dtype=torch.float32))
+    original_k = [layer.self_attn.k_proj.weight.detach().clone() for layer in model.model.layers]
+
+    report = prune_transformer(model, heads_ratio=0.5)
+
+    assert report["skipped"] == [] and (model.config.num_attention_heads, model.config.num_key_value_heads) == (2, 1)
+    for layer, k in zip(model.model.layers, original_k, strict=True):
+        kept = next(g for g in range(2) if torch.equal(layer.self_attn.k_proj.weight, k[g * dim:(g + 1) * dim]))
+        torch.testing.assert_close(layer.self_attn.k_norm.weight, torch.arange(kept * dim, (kept + 1) * dim,
+                                                                                dtype=torch.float32))
+        q = torch.cat([torch.arange(h * dim, (h + 1) * dim) for h in (2 * kept, 2 * kept + 1)]).float()
+        torch.testing.assert_close(layer.self_attn.q_norm.weight, q)
+    generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
+
+
+def test_a_config_whose_head_dim_is_a_read_only_property_prunes_heads_with_the_hidden_size(tmp_path):
+    """Falcon derives head_dim from hidden / heads and has no setter: fewer heads take the stream with them."""
+    model = build("falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+                  new_decoder_architecture=True)
+
+    report = prune_transformer(model, heads_ratio=0.5)
+
+    assert (model.config.num_attention_heads, model.config.num_kv_heads, model.config.hidden_size) == (2, 1, 32)
+    assert report["skipped"] == []
+    generates(reload_matches(model, AutoModelForCausalLM, tmp_path))
+
+
+def test_an_mlp_width_stated_as_an_int_multiple_of_the_hidden_size_keeps_a_whole_multiple(tmp_path):
+    """Dinov2 states its MLP as mlp_ratio x hidden with an int field: 256 -> 176 cannot be written, so the
+    nearest whole multiple (192, mlp_ratio 3) is kept."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("dinov2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  patch_size=4, image_size=32, num_labels=10)
+    model = transformers.AutoModelForImageClassification.from_config(config).eval()
+
+    report = prune_transformer(model, mlp_ratio=0.3)
+
+    assert model.config.mlp_ratio == 3 and report["after"]["intermediate"] == [192]
+    assert report["skipped"] == []
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    model.save_pretrained(tmp_path)
+    loaded, info = transformers.AutoModelForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(pixels).logits, model(pixels).logits, atol=1e-5, rtol=0)
+
+
+def test_a_change_the_stock_shapes_allow_but_the_model_cannot_run_is_refused(tmp_path):
+    """DeBERTa-v2's pooler is sized by a field of its own (pooler_hidden_size): narrowing the stream with the
+    heads leaves it expecting 64 inputs. The shapes match the stock class, the forward does not run: the
+    change is refused in one line and the model left as it was; the MLP is still pruned."""
+    model = build("deberta-v2", transformers.AutoModelForSequenceClassification, hidden_size=64,
+                  intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_labels=3)
+    query = model.deberta.encoder.layer[0].attention.self.query_proj.weight.detach().clone()
+
+    report = prune_transformer(model, heads_ratio=0.25, mlp_ratio=0.3)
+
+    assert any("does not run" in line and "\n" not in line for line in report["skipped"]), report["skipped"]
+    assert model.config.hidden_size == 64 and model.config.num_attention_heads == 4
+    torch.testing.assert_close(model.deberta.encoder.layer[0].attention.self.query_proj.weight, query, atol=0, rtol=0)
+    assert model.config.intermediate_size == 112
+    reload_matches(model, transformers.AutoModelForSequenceClassification, tmp_path)
+
+
 def block_cosines(model, blocks, ids) -> list[float]:
     sims = {}
     hooks = [b.register_forward_hook(

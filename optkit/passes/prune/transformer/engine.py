@@ -14,6 +14,7 @@ head width stays (:mod:`.hidden`); elsewhere it shrinks only when asked.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,8 @@ from optkit.passes.prune.transformer.structure import (
     HEAD_FIELDS, HIDDEN_FIELDS, KV_FIELDS, LAYER_FIELDS, Block, Mlp, config_int, find_block_lists, trace,
 )
 
+# _commit with the example inputs bound
+Commit = Callable[..., bool]
 WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim", "encoder_ffn_dim", "decoder_ffn_dim",
                 "d_ff", "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size")
 
@@ -79,17 +82,16 @@ def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: 
     model.eval()
     skipped: list[str] = []
     before = _summary(model, [])
-    dropped = depth.drop(model, drop_blocks, inputs, _commit) if drop_blocks else []
+    commit = functools.partial(_commit, inputs=inputs)
+    dropped = depth.drop(model, drop_blocks, inputs, commit) if drop_blocks else []
     blocks = _find(model, inputs, hidden, heads, skipped)
     stream = _stream(blocks, hidden)
     if heads_ratio > 0:
-        _prune_heads(model, blocks, heads_ratio, activations, skipped, stream, hidden_ratio != 0)
+        _prune_heads(model, blocks, heads_ratio, activations, skipped, stream, hidden_ratio != 0, commit)
     if mlp_ratio > 0:
-        _prune_mlps(model, blocks, mlp_ratio, round_to, activations, skipped)
+        _prune_mlps(model, blocks, mlp_ratio, round_to, activations, skipped, commit)
     if hidden_ratio:
-        _prune_hidden(model, blocks, hidden, _kept_width(hidden, hidden_ratio, round_to), stream, skipped)
-    with torch.no_grad():
-        model(**inputs)
+        _prune_hidden(model, blocks, hidden, _kept_width(hidden, hidden_ratio, round_to), stream, skipped, commit)
     model.train(was_training)
     return {"before": before, "after": _summary(model, blocks), "dropped_blocks": dropped, "skipped": skipped}
 
@@ -129,7 +131,7 @@ def _stream(blocks: list[Block], hidden: int) -> list[torch.Tensor]:
 
 
 def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activations: Activations,
-                 skipped: list[str], stream: list[torch.Tensor], with_hidden: bool) -> None:
+                 skipped: list[str], stream: list[torch.Tensor], with_hidden: bool, commit: Commit) -> None:
     attentions = [a for b in blocks for a in b.attentions]
     if not attentions:
         return
@@ -161,29 +163,32 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
         if new_hidden is not None:
             hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS)
         if (getattr(config, "head_dim", None) or config_int(config, HIDDEN_FIELDS) // new_heads) != head_dim:
-            config.head_dim = head_dim
+            try:
+                config.head_dim = head_dim
+            except AttributeError as error:  # a property of the class, derived from the hidden size
+                raise hidden_size.Refused(f"the config derives head_dim ({error})") from None
 
     what = f"heads {heads}->{new_heads} (kv {kv}->{new_kv})"
     undo = _snapshot(blocks)
     refusals: list[str] = []
-    if _commit(model, cut, what, refusals, undo):
+    if commit(model, cut, what, refusals, undo):
         return
     if with_hidden and hidden == heads * head_dim:
         # The stock class may derive the head width from hidden / heads: fewer heads then need a narrower stream.
         new_hidden = new_heads * head_dim
-        if _commit(model, lambda: cut(new_hidden), f"{what} with hidden size {hidden}->{new_hidden}", refusals, undo):
+        if commit(model, lambda: cut(new_hidden), f"{what} with hidden size {hidden}->{new_hidden}", refusals, undo):
             return
     skipped += refusals
 
 
 def _prune_hidden(model: nn.Module, blocks: list[Block], hidden: int, new_hidden: int, stream: list[torch.Tensor],
-                  skipped: list[str]) -> None:
+                  skipped: list[str], commit: Commit) -> None:
     current = config_int(model.config, HIDDEN_FIELDS)
     if current != hidden:
         skipped.append(f"hidden size: followed the heads ({hidden}->{current}), as this class's head width is "
                        "hidden / heads; hidden_ratio was not applied on top")
         return
-    _commit(model, lambda: hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS),
+    commit(model, lambda: hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS),
             f"hidden size {hidden}->{new_hidden}", skipped, _snapshot(blocks))
 
 
@@ -204,7 +209,7 @@ def _snapshot(blocks: list[Block]) -> Callable[[], None]:
 
 
 def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: int, activations: Activations,
-                skipped: list[str]) -> None:
+                skipped: list[str], commit: Commit) -> None:
     units = [u for b in blocks for u in (*b.mlps, *b.experts)]
     widths = sorted({u.width for u in units})
     if not units:
@@ -219,9 +224,22 @@ def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: i
             else:
                 unit.select(expert_scores(unit).topk(keep, dim=1).indices.sort(dim=1).values)
         for old, kept in new.items():
-            _set_by_value(model.config, WIDTH_FIELDS, old, kept, fill_none=True)
+            _set_width(model.config, old, kept)
 
-    _commit(model, cut, "MLP widths " + ", ".join(f"{w}->{k}" for w, k in new.items()), skipped, _snapshot(blocks))
+    def what() -> str:
+        return "MLP widths " + ", ".join(f"{w}->{k}" for w, k in new.items())
+
+    undo, refusals = _snapshot(blocks), []
+    if commit(model, cut, what(), refusals, undo):
+        return
+    # A config may state the width as a whole multiple of the hidden size (an int mlp_ratio): keep the nearest.
+    hidden = config_int(model.config, HIDDEN_FIELDS)
+    whole = {w: min(max(hidden, round(k / hidden) * hidden), w - hidden) for w, k in new.items()} if hidden else {}
+    if whole and whole != new and all(hidden <= k < w for w, k in whole.items()):
+        new.update(whole)
+        if commit(model, cut, f"{what()} (whole multiples of the hidden size)", refusals, undo):
+            return
+    skipped += refusals
 
 
 def _kept_width(width: int, ratio: float, round_to: int) -> int:
@@ -230,6 +248,28 @@ def _kept_width(width: int, ratio: float, round_to: int) -> int:
     if rounded < width:
         return rounded
     return max(1, min(width - 1, math.floor(exact)))
+
+
+def _set_width(config: Any, old: int, new: int) -> None:
+    """Set the config's MLP width ``old`` to ``new``: the width field holding it (or an unset one), else a float
+    field that gives it as a multiple of the hidden size (an ``mlp_ratio``), which is set to ``new / hidden``."""
+    present = [getattr(config, name) for name in WIDTH_FIELDS if hasattr(config, name)]
+    hidden = config_int(config, HIDDEN_FIELDS)
+    if old in present or None in present or not hidden:
+        _set_by_value(config, WIDTH_FIELDS, old, new, fill_none=True)
+        return
+    counts = set(HEAD_FIELDS) | set(KV_FIELDS) | set(LAYER_FIELDS) | set(HIDDEN_FIELDS)
+    multiples = [key for key, value in config.to_dict().items()
+                 if type(value) in (int, float) and key not in counts and abs(value * hidden - old) < 1e-6]
+    if multiples:
+        ratio = new / hidden
+        while int(hidden * ratio) < new:  # the stock class takes int(hidden * ratio)
+            ratio = math.nextafter(ratio, math.inf)
+        floats = [key for key in multiples if type(getattr(config, key)) is float]
+        if floats:
+            setattr(config, floats[0], ratio)
+        elif new % hidden == 0:  # an int field (a typed config refuses a float there)
+            setattr(config, multiples[0], new // hidden)
 
 
 def _set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_none: bool = False) -> None:
@@ -242,25 +282,32 @@ def _set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_
 
 
 def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: list[str],
-            undo: Callable[[], None] | None = None) -> bool:
-    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees.
+            undo: Callable[[], None] | None = None, *, inputs: dict[str, Any]) -> bool:
+    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees
+    and the model still runs on ``inputs``.
 
-    Otherwise the parameters, buffers, block lists and config are put back, ``undo`` runs, and one line
-    saying why goes to ``skipped``.
+    Otherwise the parameters, buffers, module settings, block lists and config are put back, ``undo`` runs,
+    and one line saying why goes to ``skipped``.
     """
     saved_params = [(m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
     saved_buffers = [(m, dict(m._buffers)) for m in model.modules()]
+    saved_settings = [(m, {k: v for k, v in vars(m).items() if not k.startswith("_") and _is_setting(v)})
+                      for m in model.modules()]
     saved_config = copy.deepcopy(vars(model.config))
     saved_lists = {id(m): (m, list(m)) for m in model.modules() if isinstance(m, nn.ModuleList)}
     try:
         change()
-        problem = matches_stock(model)
+        problem = matches_stock(model) or _fails_to_run(model, inputs)
     except hidden_size.Refused as refusal:
         problem = str(refusal)
+    except Exception as error:  # noqa: BLE001 - a config that refuses a value (typed fields) refuses the change
+        problem = f"{type(error).__name__}: {first_line(error)}"
     if problem is None:
         return True
     for owner, name, param in saved_params:
         setattr(owner, name, param)
+    for owner, settings in saved_settings:
+        vars(owner).update(settings)
     for owner, buffers in saved_buffers:
         owner._buffers.update(buffers)
     for module_list, items in saved_lists.values():
@@ -272,6 +319,17 @@ def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: li
         undo()
     skipped.append(f"{what}: not done, the stock class cannot describe it ({problem})")
     return False
+
+
+def _fails_to_run(model: nn.Module, inputs: dict[str, Any]) -> str | None:
+    """``None`` when ``model(**inputs)`` runs; else why not, in one line (a layer the config sizes apart, such as
+    a pooler with a width field of its own, still expecting the old width)."""
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception as error:  # noqa: BLE001 - any failure refuses the change
+        return f"the pruned model does not run: {type(error).__name__}: {first_line(error)}"
+    return None
 
 
 def matches_stock(model: nn.Module) -> str | None:

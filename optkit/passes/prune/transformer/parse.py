@@ -80,8 +80,40 @@ def _experts(block: nn.Module, hidden: int) -> list[Experts]:
     return found
 
 
+def _attach_head_norms(block: Block) -> None:
+    """Give each separate-projection attention the norms whose input is the whole output tensor of one of its
+    q/k/v projections (a norm over all heads at once), found in one run of the block."""
+    layers = {id(layer.module): (attention, layer) for attention in block.attentions if attention.layout == "separate"
+              for layer in attention.qkv}
+    if not layers:
+        return
+    outputs: dict[int, tuple] = {}
+
+    def projected(module, args, output):
+        outputs[id(output)] = (*layers[id(module)], output)  # held, so that no later tensor reuses the id
+
+    def normed(module, args):
+        owner = outputs.get(id(args[0])) if args else None
+        if owner is not None and module.weight.shape[0] == args[0].shape[-1]:
+            attention, layer, _ = owner
+            if all(norm is not module for norm, _ in attention.norms):
+                attention.norms.append((module, layer))
+
+    modules = {id(m): m for m in block.module.modules()}
+    hooks = [modules[key].register_forward_hook(projected) for key in layers]
+    hooks += [m.register_forward_pre_hook(normed) for m in block.module.modules()
+              if not isinstance(m, nn.Linear | nn.Embedding) and isinstance(getattr(m, "weight", None), torch.Tensor)
+              and m.weight.dim() == 1]
+    try:
+        _run(block)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def _check_layouts(block: Block) -> None:
     """Keep units whose layout survives a permutation of heads/channels; try the other layouts first."""
+    _attach_head_norms(block)
     baseline = _run(block)
     kept = []
     for attention in block.attentions:

@@ -86,6 +86,8 @@ class Attention:
     kv_heads: int
     head_dim: int
     layout: str = "separate"  # "separate", "blocks" (q | k | v) or "grouped" (per KV group: q..., k, v)
+    # (norm, projection): norms over a separate q or k projection's whole output (OLMo-2's q_norm, k_norm)
+    norms: list[tuple[nn.Module, Layer]] = field(default_factory=list)
 
     @property
     def groups(self) -> int:
@@ -117,6 +119,8 @@ class Attention:
 
     def select(self, kept_kv: list[int], kept_q: list[list[int]]) -> None:
         rows = self.rows_for(kept_kv, kept_q)
+        for norm, layer in self.norms:
+            select_norm(norm, rows[id(layer)])
         for layer in self.qkv:
             layer.select_out(rows[id(layer)])
         self.o.select_in(self.o_cols(kept_kv, kept_q))
@@ -125,6 +129,14 @@ class Attention:
 
     def layers(self) -> list[Layer]:
         return [*self.qkv, self.o]
+
+
+def select_norm(norm: nn.Module, rows: torch.Tensor) -> None:
+    """Keep channels ``rows`` of a norm (weight, bias, ``normalized_shape``)."""
+    _select(norm, "weight", 0, rows)
+    _select(norm, "bias", 0, rows)
+    if hasattr(norm, "normalized_shape"):
+        norm.normalized_shape = (len(rows),)
 
 
 def _head_rows(heads: list[int], head_dim: int) -> torch.Tensor:
