@@ -137,23 +137,33 @@ def adopt_config(model: nn.Module, described: DescribedWidths) -> str | None:
 
 def _scaled(value: Any, keep: float, round_to: int) -> list[Any]:
     """Smaller values of a config field to try, best first: a multiple of ``round_to`` near ``keep * value``, then
-    the nearest integer; for a float, ``keep * value``; for a list of positive ints, each element so."""
+    the nearest integer, then multiples of ``2 * round_to``, ``4 * round_to``, ... (a width that must divide into
+    groups of 64, say); for a float, ``keep * value``; for a list of positive ints, each element so."""
     if isinstance(value, bool):
         return []
     if isinstance(value, int):
-        if value <= 1:
-            return []
-        exact = value * keep
-        options = [round(exact / round_to) * round_to, round(exact), math.floor(exact)]
-        return list(dict.fromkeys(o for o in options if 1 <= o < value))
+        return [options[0] for options in _int_options([value], keep, round_to)] if value > 1 else []
     if isinstance(value, float):
         return [round(value * keep, 4)] if value > 0 and math.isfinite(value) else []
     if isinstance(value, list | tuple) and value and all(isinstance(v, int) and not isinstance(v, bool)
                                                           and v > 1 for v in value):
-        per_element = [_scaled(v, keep, round_to) for v in value]
-        if all(per_element):
-            return [type(value)(options[0] for options in per_element)]
+        return [type(value)(options) for options in _int_options(list(value), keep, round_to)]
     return []
+
+
+def _int_options(values: list[int], keep: float, round_to: int) -> list[list[int]]:
+    """Candidate edits of ``values`` (all elements at one rounding), best first; each element in [1, value)."""
+    exact = [v * keep for v in values]
+    steps = [round_to, 1]
+    while steps[-1] * 2 <= max(values) // 2:
+        steps.append(max(steps[-1], round_to) * 2)
+    options = []
+    for step in steps:
+        for rule in (round, math.floor) if step == 1 else (round,):
+            option = [rule(e / step) * step for e in exact]
+            if all(1 <= o < v for o, v in zip(option, values)) and option not in options:
+                options.append(option)
+    return options
 
 
 def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple[Shapes, Any, nn.Module] | None:
@@ -181,8 +191,9 @@ def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple
 
 def _only_channels(current: Shapes, edited: Shapes, layers: dict[str, nn.Module]) -> bool:
     """Whether ``edited`` differs from ``current`` somewhere, and only by narrower channels: the first two
-    dimensions of conv/linear weights (never a kernel's), and one-dimensional parameters (biases, norms,
-    scales) of any module but an embedding."""
+    dimensions of conv/linear weights (never a kernel's), one-dimensional parameters (biases, norms, scales) of
+    any module but an embedding, and other parameters (a ConvNeXt-V2 response norm's ``1x1x1xC``) only along
+    axes that narrow exactly as some conv/linear channel count does."""
     from torch import nn
 
     from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES
@@ -192,10 +203,18 @@ def _only_channels(current: Shapes, edited: Shapes, layers: dict[str, nn.Module]
     changed = [n for n in current if edited[n] != current[n]]
     if not changed:
         return False
+    channel_pairs = set()
+    others = []
     for name in changed:
         layer, old, new = layers.get(name.rpartition(".")[0]), current[name], edited[name]
-        if len(old) != len(new) or any(n > o for n, o in zip(new, old)) or old[2:] != new[2:]:
+        if len(old) != len(new) or any(n > o for n, o in zip(new, old)):
             return False
-        if not isinstance(layer, PRUNABLE_WEIGHT_TYPES) and (len(old) != 1 or isinstance(layer, nn.Embedding)):
+        if isinstance(layer, PRUNABLE_WEIGHT_TYPES):
+            if old[2:] != new[2:]:
+                return False
+            channel_pairs.update((o, n) for o, n in zip(old[:2], new[:2]) if o != n)
+        elif isinstance(layer, nn.Embedding):
             return False
-    return True
+        elif len(old) > 1:
+            others.append((old, new))
+    return all((o, n) in channel_pairs for old, new in others for o, n in zip(old, new) if o != n)

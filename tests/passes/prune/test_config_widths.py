@@ -64,6 +64,30 @@ def test_a_convnext_is_pruned_to_the_stage_widths_its_config_states_and_the_stoc
                                    pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
 
 
+def test_a_convnext_v2_whose_response_norm_is_four_dimensional_reloads_too(tmp_path):
+    """ConvNeXt-V2's global response norm holds 1x1x1xC parameters: they narrow with the stage widths."""
+    torch.manual_seed(0)
+    config = transformers.ConvNextV2Config(hidden_sizes=[32, 64, 128, 256], depths=[1, 2, 1, 1], num_labels=10,
+                                           image_size=IMAGE)
+    model = transformers.ConvNextV2ForImageClassification(config).eval()
+    with torch.no_grad():  # zero at init; values make a wrongly kept channel visible in the logits
+        for name, param in model.named_parameters():
+            if ".grn." in name:
+                param.normal_(0.0, 0.5)
+
+    result = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE), round_to=8).apply(model)
+
+    pruned = result.model
+    assert list(pruned.config.hidden_sizes) == [24, 48, 88, 176]
+    assert pruned.convnextv2.encoder.stages[1].layers[0].grn.weight.shape == (1, 1, 1, 4 * 48)
+    pruned.save_pretrained(tmp_path)
+    stock, info = transformers.ConvNextV2ForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    with torch.no_grad():
+        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
+                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+
+
 def test_fields_that_are_not_channel_widths_are_left_alone():
     """Patch size changes a kernel, window size a position table, num_channels the input and num_labels the
     output: none is a width a channel prune may change. The head counts follow the widths (whole 16-wide heads
