@@ -19,6 +19,7 @@ has the shape the edited config builds.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -88,11 +89,23 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
         return edited if ok else None
 
     edits: dict[str, Any] = {}
+    # Fields that, edited alone, add or remove layers (a shortcut projection between two widths that were equal):
+    # tried in pairs afterwards (a ResNet's stem and stage widths).
+    restructuring: dict[str, Any] = {}
     for key, value in base.items():
-        candidate = next((c for c in _scaled(value, 1.0 - widths.ratio, widths.round_to)
-                          if width_edit({**base, key: c}) is not None), None) if key not in head_keys else None
-        if candidate is not None:
-            edits[key] = candidate
+        for candidate in _scaled(value, 1.0 - widths.ratio, widths.round_to) if key not in head_keys else ():
+            edited = build(heads.pinned({**base, key: candidate}))
+            if edited is None or edited[1] != reference[1]:
+                continue
+            if _only_channels(reference[0], edited[0], layers):
+                edits[key] = candidate
+                break
+            if edited[0].keys() != reference[0].keys():
+                restructuring.setdefault(key, candidate)
+    for first, second in itertools.combinations(restructuring, 2):
+        pair = {first: restructuring[first], second: restructuring[second]}
+        if first not in edits and second not in edits and width_edit({**base, **edits, **pair}) is not None:
+            edits.update(pair)
     narrowed = width_edit({**base, **edits}) if edits else None
     fields = heads.split({**base, **edits}, interiors, narrowed) if narrowed is not None else None
     built = build(fields) if fields is not None else None

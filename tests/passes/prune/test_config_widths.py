@@ -88,6 +88,28 @@ def test_a_convnext_v2_whose_response_norm_is_four_dimensional_reloads_too(tmp_p
                                    pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
 
 
+def test_widths_that_must_move_together_are_edited_together_and_a_resnet_reloads(tmp_path):
+    """A ResNet's stem (embedding_size) equals its first stage's width, so either edited alone adds a shortcut
+    projection: the two are scaled together."""
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
+                                       num_labels=10)
+    model = transformers.ResNetForImageClassification(config).eval()
+    before = _params(model)
+
+    result = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE), round_to=8).apply(model)
+
+    pruned = result.model
+    assert result.details["config_widths"] == {"embedding_size": 24, "hidden_sizes": [24, 48, 88, 176]}
+    assert _params(pruned) < 0.6 * before
+    pruned.save_pretrained(tmp_path)
+    stock, info = transformers.ResNetForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    with torch.no_grad():
+        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
+                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+
+
 def test_fields_that_are_not_channel_widths_are_left_alone():
     """Patch size changes a kernel, window size a position table, num_channels the input and num_labels the
     output: none is a width a channel prune may change. The head counts follow the widths (whole 16-wide heads
