@@ -90,8 +90,9 @@ def openvino_ir(onnx_path: str | os.PathLike, xml_path: str | os.PathLike, preci
         the :class:`OpenVinoResult`.
 
     Raises:
-        ExportError: if OpenVINO (or NNCF for ``int8``) is missing, the precision cannot run on this CPU, or
-            the IR misses a check (nothing is written then).
+        ExportError: if OpenVINO (or NNCF for ``int8``) is missing, the precision cannot run on this CPU, the
+            model has more than one input (token ids and a mask), or the IR misses a check (nothing is written
+            then).
         DataError: for ``bf16``/``int8`` without ``calib_data`` or ``random_calibration``, or unusable data.
     """
     start = time.perf_counter()
@@ -104,6 +105,10 @@ def openvino_ir(onnx_path: str | os.PathLike, xml_path: str | os.PathLike, preci
     if not source.is_file():
         raise ExportError(f"{source} not found; export the model first (optkit export MODEL --onnx {source})")
     model = ov.read(source)
+    if len(model.inputs) > 1:
+        names = ", ".join(port.get_any_name() for port in model.inputs)
+        raise ExportError(f"OpenVINO deployment here takes a model of one input; {source.name} has "
+                          f"{len(model.inputs)} ({names}): deploy it with ONNX Runtime; nothing was written")
     shape, fixed = _fit_shape(model, shape)
     batch = shape[0] if fixed else settings.batch_size
     checking = _checking_batches(precision, settings, shape, batch)

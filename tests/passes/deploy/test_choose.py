@@ -130,3 +130,40 @@ def test_without_openvino_the_onnx_runtime_candidates_run_and_a_note_says_what_i
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ExportError, match="missing.onnx not found; export the model first"):
         choose_deployment(tmp_path / "missing.onnx", DeploySettings(), input_shape=SHAPE)
+
+
+def _token_model_onnx(path):
+    """A two-input (token ids, attention mask) ONNX file, as a token model's export writes."""
+    import torch
+    from torch import nn
+
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(50, 16), nn.Linear(16, 50)
+
+        def forward(self, input_ids, attention_mask):
+            return self.head(self.embed(input_ids) * attention_mask.unsqueeze(-1).float())
+
+    torch.manual_seed(0)
+    ids = torch.ones(1, 8, dtype=torch.long)
+    torch.onnx.export(Tokens().eval(), (ids, ids), str(path), input_names=["input_ids", "attention_mask"],
+                      output_names=["logits"], dynamo=False)
+    return path
+
+
+def test_a_token_model_is_deployed_with_onnx_runtime_and_openvino_refused_in_one_line(tmp_path, set_times):
+    """OpenVINO's path here feeds one input: a model of token ids and a mask is refused there, with the input
+    names, and ONNX Runtime still deploys it."""
+    pytest.importorskip("openvino")
+    source = _token_model_onnx(tmp_path / "model.onnx")
+    set_times({BASELINE: 10.0, ("onnxruntime", "fp32"): 10.0})
+    settings = DeploySettings(candidates=("onnxruntime-fp32", "openvino-fp32"), threads=1, batch=1)
+
+    result = choose_deployment(source, settings, input_shape=(1, 8))
+
+    assert (result.runtime, result.precision, result.path) == ("onnxruntime", "fp32", "model.onnx")
+    refused = {c["name"]: c for c in result.candidates}["openvino-fp32"]
+    assert refused["status"] == "refused" and "\n" not in refused["reason"]
+    assert "2 (input_ids, attention_mask)" in refused["reason"] and "ONNX Runtime" in refused["reason"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
