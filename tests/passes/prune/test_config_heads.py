@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 from optkit.kinds import example_inputs  # noqa: E402
 from optkit.passes.prune import config_heads  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
+from tests.support.stock_reload import IMAGE, assert_stock_class_reloads, pixels  # noqa: E402
 
-IMAGE = 32
 HEAD_DIM = 16
 
 
@@ -34,8 +34,6 @@ def _swin(config_class=transformers.SwinConfig, model_class=transformers.SwinFor
     return model
 
 
-def _pixels() -> torch.Tensor:
-    return torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
 
 
 def _units(model) -> dict[str, config_heads.Interior]:
@@ -47,7 +45,7 @@ def _call_of(model, module):
     seen = []
     hook = module.register_forward_hook(lambda m, a, k, o: seen.append((a, k, o)), with_kwargs=True)
     with torch.no_grad():
-        model(pixel_values=_pixels())
+        model(pixel_values=pixels())
     hook.remove()
     return seen[0]
 
@@ -172,12 +170,7 @@ def test_a_swin_keeps_whole_heads_where_the_stage_width_allows_and_the_stock_cla
             assert block.attention.relative_position_bias.relative_position_bias_table.shape[1] == heads
     assert sum(p.numel() for p in pruned.parameters()) < 0.8 * before
 
-    pruned.save_pretrained(tmp_path)
-    stock, info = transformers.SwinForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
-                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+    assert_stock_class_reloads(pruned, transformers.SwinForImageClassification, tmp_path)
 
 
 def test_a_swin_v2_with_its_attention_output_beside_the_heads_reloads_too(tmp_path):
@@ -189,9 +182,4 @@ def test_a_swin_v2_with_its_attention_output_beside_the_heads_reloads_too(tmp_pa
     assert (pruned.config.embed_dim, list(pruned.config.num_heads)) == (24, [2, 3])
     block = pruned.swinv2.encoder.layers[1].blocks[0].attention.self
     assert block.logit_scale.shape == (3, 1, 1) and block.continuous_position_bias_mlp[2].weight.shape == (3, 512)
-    pruned.save_pretrained(tmp_path)
-    stock, info = transformers.Swinv2ForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
-                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+    assert_stock_class_reloads(pruned, transformers.Swinv2ForImageClassification, tmp_path)

@@ -13,8 +13,8 @@ import torch  # noqa: E402
 transformers = pytest.importorskip("transformers")
 
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
+from tests.support.stock_reload import IMAGE, assert_stock_class_reloads, pixels  # noqa: E402
 
-IMAGE = 32
 
 
 def _swin():
@@ -24,8 +24,6 @@ def _swin():
     return transformers.SwinForImageClassification(config).eval()
 
 
-def _pixels() -> torch.Tensor:
-    return torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
 
 
 def _params(model) -> int:
@@ -56,12 +54,7 @@ def test_a_convnext_is_pruned_to_the_stage_widths_its_config_states_and_the_stoc
     assert pruned.classifier.weight.shape == (10, 176)
     assert 0.45 * before < _params(pruned) < 0.55 * before
 
-    pruned.save_pretrained(tmp_path)
-    stock, info = transformers.ConvNextForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
-                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+    assert_stock_class_reloads(pruned, transformers.ConvNextForImageClassification, tmp_path)
 
 
 def test_a_convnext_v2_whose_response_norm_is_four_dimensional_reloads_too(tmp_path):
@@ -80,12 +73,7 @@ def test_a_convnext_v2_whose_response_norm_is_four_dimensional_reloads_too(tmp_p
     pruned = result.model
     assert list(pruned.config.hidden_sizes) == [24, 48, 88, 176]
     assert pruned.convnextv2.encoder.stages[1].layers[0].grn.weight.shape == (1, 1, 1, 4 * 48)
-    pruned.save_pretrained(tmp_path)
-    stock, info = transformers.ConvNextV2ForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
-                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+    assert_stock_class_reloads(pruned, transformers.ConvNextV2ForImageClassification, tmp_path)
 
 
 def test_widths_that_must_move_together_are_edited_together_and_a_resnet_reloads(tmp_path):
@@ -102,12 +90,7 @@ def test_widths_that_must_move_together_are_edited_together_and_a_resnet_reloads
     pruned = result.model
     assert result.details["config_widths"] == {"embedding_size": 24, "hidden_sizes": [24, 48, 88, 176]}
     assert _params(pruned) < 0.6 * before
-    pruned.save_pretrained(tmp_path)
-    stock, info = transformers.ResNetForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        torch.testing.assert_close(stock.eval()(pixel_values=_pixels()).logits,
-                                   pruned(pixel_values=_pixels()).logits, atol=1e-5, rtol=0)
+    assert_stock_class_reloads(pruned, transformers.ResNetForImageClassification, tmp_path)
 
 
 def test_fields_that_are_not_channel_widths_are_left_alone():
