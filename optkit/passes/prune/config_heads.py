@@ -34,6 +34,7 @@ the head count stays and every head loses the same number of dims.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,13 +56,15 @@ _HEAD_COUNTS = ("num_attention_heads", *HEAD_COUNT_ATTRIBUTES)
 @dataclass(frozen=True)
 class Interior:
     """One attention unit, by module names: ``projections`` (name, parts) ``C -> parts * width``, ``output``
-    ``width -> C``, ``heads`` heads of ``width // heads``."""
+    ``width -> C``, ``heads`` heads of ``width // heads``; ``scores`` the projection parts that feed the scores
+    (doubling one does not double the output projection's input, as doubling a value part does)."""
 
     name: str
     projections: tuple[tuple[str, int], ...]
     output: str
     heads: int
     width: int
+    scores: tuple[tuple[str, int], ...] = ()  # (projection, part) feeding the attention scores: q and k
 
     @property
     def head_dim(self) -> int:
@@ -87,8 +90,47 @@ def find_interiors(model: nn.Module, inputs: Any) -> list[Interior]:
              if (u := _unit(m, r, following.get(m), names)) is not None]
     scopes = {_scope(unit): model.get_submodule(_scope(unit)) for unit in units}
     calls = capture_calls(model, inputs, list(scopes.values())) if units else {}
-    return [unit for unit in units if "call" in calls.get(scopes[_scope(unit)], {})
-            and _layout_holds(scopes[_scope(unit)], unit, calls[scopes[_scope(unit)]]["call"])]
+    found = []
+    for unit in units:
+        scope = scopes[_scope(unit)]
+        call = calls.get(scope, {}).get("call")
+        if call is not None and _layout_holds(scope, unit, call):
+            found.append(dataclasses.replace(unit, scores=_score_parts(scope, unit, call)))
+    return found
+
+
+def _score_parts(scope: nn.Module, unit: Interior, call: tuple) -> tuple[tuple[str, int], ...]:
+    """The (projection, part) pairs of ``unit`` whose doubling, in a copy of ``scope``, does not double the
+    output projection's input: query and key parts (a value part's doubling goes straight through)."""
+    import torch
+
+    args, kwargs, _ = call
+    local = _rebased(unit, _scope(unit))
+
+    def output_input(module: nn.Module) -> torch.Tensor:
+        seen = []
+        hook = module.get_submodule(local.output).register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+        try:
+            with torch.no_grad():
+                module(*args, **kwargs)
+        finally:
+            hook.remove()
+        return seen[0]
+
+    baseline = output_input(scope)
+    scores = []
+    for (name, parts), (local_name, _) in zip(unit.projections, local.projections):
+        for part in range(parts):
+            trial = copy.deepcopy(scope)
+            linear = trial.get_submodule(local_name)
+            rows = slice(part * unit.width, (part + 1) * unit.width)
+            with torch.no_grad():
+                linear.weight[rows] *= 2
+                if linear.bias is not None:
+                    linear.bias[rows] *= 2
+            if not torch.allclose(output_input(trial), 2 * baseline, atol=1e-5, rtol=1e-4):
+                scores.append((name, part))
+    return tuple(scores)
 
 
 def _linear_after(model: nn.Module, inputs: Any, modules: list[nn.Module]) -> dict[nn.Module, nn.Module]:
@@ -289,22 +331,37 @@ def _changed_heads(units: list[Interior], before: tuple[Shapes, Any, nn.Module],
     return changed
 
 
-def targets(units: list[Interior], built: tuple[Shapes, Any, nn.Module]) -> dict[str, tuple[int, int]]:
-    """Unit name -> (heads, inner width) in the model ``built``, for the units that change."""
+def targets(units: list[Interior], built: tuple[Shapes, Any, nn.Module], model: nn.Module
+            ) -> dict[str, tuple[int, int, float]]:
+    """Unit name -> (heads, inner width, score factor) in the model ``built``, for the units that change.
+
+    The score factor is how the built class rescales the unit's scores against ``model``'s: the ratio of the
+    one float setting of the unit's module that differs (a ``scaling`` of ``head_dim ** -0.5``), else 1.
+    """
     found = {}
     for unit in units:
-        heads, width = head_count(built[2].get_submodule(unit.name)), built[0][f"{unit.output}.weight"][1]
+        fresh = built[2].get_submodule(unit.name)
+        heads, width = head_count(fresh), built[0][f"{unit.output}.weight"][1]
         if (heads, width) != (unit.heads, unit.width) and heads >= 1 and width % heads == 0:
-            found[unit.name] = (heads, width)
+            mine = vars(model.get_submodule(unit.name))
+            changed = [value / mine[key] for key, value in vars(fresh).items()
+                       if type(value) is float and type(mine.get(key)) is float and mine[key] and value != mine[key]]
+            found[unit.name] = (heads, width, changed[0] if len(changed) == 1 else 1.0)
     return found
 
 
-def cut(model: nn.Module, units: list[Interior], wanted: dict[str, tuple[int, int]]) -> None:
-    """Cut each unit of ``model`` named in ``wanted`` to its (heads, width), keeping the strongest heads and dims."""
+def cut(model: nn.Module, units: list[Interior], wanted: dict[str, tuple[int, int, float]]) -> None:
+    """Cut each unit of ``model`` named in ``wanted`` to its (heads, width), keeping the strongest heads and dims.
+
+    Where the class will rescale the scores by a factor (narrower heads: ``1/sqrt(d')`` for ``1/sqrt(d)``), the
+    query and key parts are scaled by its inverse square root each, so the kept dims' scores stay as they were.
+    """
+    import torch
+
     for unit in units:
         if unit.name not in wanted:
             continue
-        heads, width = wanted[unit.name]
+        heads, width, factor = wanted[unit.name]
         score = model.get_submodule(unit.output).weight.detach().abs().sum(0)
         for name, parts in unit.projections:
             weight = model.get_submodule(name).weight.detach().abs().sum(1)
@@ -313,6 +370,14 @@ def cut(model: nn.Module, units: list[Interior], wanted: dict[str, tuple[int, in
         kept = per_head.sum(1).topk(heads).indices.sort().values
         dims = per_head[kept].topk(width // heads, dim=1).indices.sort(dim=1).values
         _select(model, unit, kept, dims, heads != unit.heads)
+        if factor != 1.0 and len(unit.scores) == 2:
+            with torch.no_grad():
+                for name, part in unit.scores:
+                    linear = model.get_submodule(name)
+                    rows = slice(part * width, (part + 1) * width)
+                    linear.weight[rows] *= factor ** -0.5
+                    if linear.bias is not None:
+                        linear.bias[rows] *= factor ** -0.5
 
 
 def _select(root: nn.Module, unit: Interior, heads: torch.Tensor, dims: torch.Tensor, per_head: bool) -> None:

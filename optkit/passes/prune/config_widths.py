@@ -35,15 +35,18 @@ Shapes = dict[str, tuple[int, ...]]
 
 @dataclass(frozen=True)
 class DescribedWidths:
-    """A config edit and the per-group ratios that prune a model to the widths it describes; the attention units
-    (:mod:`.config_heads`), the heads the edit gives them (unit name -> (heads, inner width)), and their input
-    projections (``held``, names relative to the pruned root), which the channel prune leaves to those units."""
+    """A config edit and the per-group ratios that prune a model to the widths it describes.
+
+    Also the attention units (:mod:`.config_heads`), what the edit makes of each (unit name -> (heads, inner
+    width, score factor)), and their input projections (``held``, names relative to the pruned root), which the
+    channel prune leaves to the units.
+    """
 
     edits: dict[str, Any]
     per_group: dict[str, float]
     before: dict[str, Any]
     interiors: tuple[Interior, ...] = ()
-    heads: dict[str, tuple[int, int]] = field(default_factory=dict)
+    heads: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     held: tuple[str, ...] = ()
 
     def summary(self) -> str:
@@ -125,7 +128,7 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
     if any(k > g.channels for g, k in zip(groups, kept)):
         return None
     return DescribedWidths(edits, ratios_for(groups, kept), {key: base[key] for key in edits}, tuple(interiors),
-                           config_heads.targets(interiors, built), held)
+                           config_heads.targets(interiors, built, model), held)
 
 
 def adopt_config(model: nn.Module, described: DescribedWidths) -> str | None:

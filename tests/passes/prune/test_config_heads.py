@@ -57,6 +57,7 @@ def test_units_are_found_with_their_projections_in_both_attention_layouts():
     unit = units["swin.encoder.layers.1.blocks.0.attention"]
     assert [name.rsplit(".", 1)[1] for name, _ in unit.projections] == ["q_proj", "k_proj", "v_proj"]
     assert unit.output.endswith("attention.o_proj") and (unit.heads, unit.width, unit.head_dim) == (4, 64, 16)
+    assert [name.rsplit(".", 1)[1] for name, _ in unit.scores] == ["q_proj", "k_proj"]
 
     v2 = _units(_swin(transformers.Swinv2Config, transformers.Swinv2ForImageClassification))
     unit = v2["swinv2.encoder.layers.0.blocks.1.attention.self"]
@@ -79,7 +80,7 @@ def test_cutting_a_unit_to_fewer_heads_drops_the_weakest_and_keeps_the_others_ex
     args, kwargs, (expected, _) = _call_of(model, attention)
     original = {n: p.detach().clone() for n, p in attention.named_parameters()}
 
-    config_heads.cut(model, [unit], {name: (3, 3 * HEAD_DIM)})
+    config_heads.cut(model, [unit], {name: (3, 3 * HEAD_DIM, 1.0)})
 
     kept = torch.cat([torch.arange(0, 32), torch.arange(48, 64)])
     for linear in ("q_proj", "k_proj", "v_proj"):
@@ -93,9 +94,10 @@ def test_cutting_a_unit_to_fewer_heads_drops_the_weakest_and_keeps_the_others_ex
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
 
 
-def test_narrowing_every_head_keeps_the_strongest_dims_of_each():
-    """Each of the 2 heads has 4 dims (different ones per head) that carry nothing: cut to 2 heads of 12, the
-    attention's output is unchanged."""
+def test_narrowing_every_head_keeps_the_strongest_dims_of_each_and_their_scores():
+    """Each of the 2 heads has 4 dims (different ones per head) that carry nothing: cut to 2 heads of 12, with
+    the query and key rows rescaled for the class's sharper 12 ** -0.5 scaling, the attention's output is
+    unchanged."""
     model = _swin()
     name = "swin.encoder.layers.0.blocks.1.attention"
     attention, unit = model.get_submodule(name), _units(model)[name]
@@ -107,10 +109,11 @@ def test_narrowing_every_head_keeps_the_strongest_dims_of_each():
         attention.o_proj.weight[:, empty] = 0.0
     args, kwargs, (expected, _) = _call_of(model, attention)
 
-    config_heads.cut(model, [unit], {name: (2, 24)})
+    # The stock class will score 12-wide heads with 12 ** -0.5 instead of 16 ** -0.5.
+    config_heads.cut(model, [unit], {name: (2, 24, (16 / 12) ** 0.5)})
 
     assert attention.q_proj.weight.shape == (24, 32) and attention.o_proj.weight.shape == (32, 24)
-    attention.head_dim = 12  # what the stock class derives from the edited config; the scaling stays 16 ** -0.5
+    attention.head_dim, attention.scaling = 12, 12 ** -0.5  # what the stock class derives from the edited config
     with torch.no_grad():
         actual, _ = attention(*args, **kwargs)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
