@@ -26,9 +26,10 @@ the head count stays and every head loses the same number of dims.
   ranked the same way; the same dims go from every projection, so query-key
   products and value-output paths stay aligned. :func:`.engine.matches_stock`
   then copies the class's derived settings (head width, score scaling).
-  Narrower heads so get the stock class's score scaling for their new width
-  (``1 / sqrt(d')`` instead of ``1 / sqrt(d)``): a slightly sharper softmax
-  that nothing here compensates.
+  Narrower heads so get the stock class's scaling for their new width
+  (``1 / sqrt(d')`` instead of ``1 / sqrt(d)``); the query and key parts
+  (found by probe: doubling a value part doubles the output projection's
+  input) are rescaled so that the kept dims' scores stay as they were.
 """
 
 from __future__ import annotations
