@@ -42,14 +42,64 @@ SIZES: dict[str, dict] = {
     "swin": dict(embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4, image_size=IMAGE_SIZE, patch_size=2,
                  num_labels=10),
 }
+# Types outside the development set (benchmarks/hf_beyond.py): how optkit does on architectures it was not built
+# against. Field names follow each config class.
+_MHA = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=POSITIONS)
+_VIT = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, patch_size=4,
+            image_size=IMAGE_SIZE, num_labels=10)
+_STAGES = dict(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], num_labels=10)
+BEYOND_DECODERS = {
+    "falcon": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+                   new_decoder_architecture=True),
+    "bloom": dict(hidden_size=64, n_layer=2, n_head=4),
+    "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=POSITIONS, rotary_dim=8),
+    "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=POSITIONS, n_ctx=POSITIONS, rotary_dim=8),
+    "stablelm": GQA, "olmo": GQA, "olmo2": GQA, "granite": GQA, "starcoder2": GQA, "cohere": GQA,
+    "gemma": {**GQA, "head_dim": 16},
+    "phi": _MHA, "persimmon": _MHA,
+    "qwen2_moe": {**GQA, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 64},
+    "mpt": dict(d_model=64, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=POSITIONS),
+    "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=POSITIONS, multi_query=True),
+}
+BEYOND_ENCODERS = {name: {**ENCODER, **extra} for name, extra in {
+    "electra": {"embedding_size": 64}, "albert": {"embedding_size": 32}, "deberta-v2": {}, "xlm-roberta": {},
+    "mpnet": {}, "ernie": {}}.items()}
+BEYOND_IMAGE = {
+    "deit": _VIT, "beit": _VIT, "data2vec-vision": _VIT,
+    "dinov2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, patch_size=4, image_size=IMAGE_SIZE,
+                   num_labels=10),
+    "convnext": _STAGES, "convnextv2": _STAGES, "poolformer": _STAGES,
+    "resnet": {**_STAGES, "embedding_size": 32},
+    "swinv2": dict(embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4, patch_size=2, image_size=IMAGE_SIZE,
+                   num_labels=10),
+    "pvt_v2": {**_STAGES, "num_attention_heads": [1, 2, 4, 8]},
+    "levit": dict(hidden_sizes=[64, 96, 128], num_attention_heads=[2, 3, 4], depths=[1, 1, 1], key_dim=[16, 16, 16],
+                  image_size=IMAGE_SIZE, num_labels=10),
+    "regnet": dict(num_labels=10),
+}
+BEYOND = (*BEYOND_DECODERS, *BEYOND_ENCODERS, *BEYOND_IMAGE)
+SIZES.update({**BEYOND_DECODERS, **BEYOND_ENCODERS, **BEYOND_IMAGE})
+# AutoModelForImageClassification maps neither DeiT nor LeViT to a class here.
+_IMAGE_CLASS = {"deit": "DeiTForImageClassification", "levit": "LevitForImageClassification"}
+
 AUTO_CLASS = {**dict.fromkeys(DECODERS, "AutoModelForCausalLM"),
               **dict.fromkeys(ENCODERS, "AutoModelForSequenceClassification"),
-              **dict.fromkeys(IMAGE, "AutoModelForImageClassification")}
+              **dict.fromkeys(IMAGE, "AutoModelForImageClassification"),
+              **dict.fromkeys(BEYOND_DECODERS, "AutoModelForCausalLM"),
+              **dict.fromkeys(BEYOND_ENCODERS, "AutoModelForSequenceClassification"),
+              **{t: _IMAGE_CLASS.get(t, "AutoModelForImageClassification") for t in BEYOND_IMAGE}}
 
 
 def is_image(model_type: str) -> bool:
     """Whether the type takes pixel values (``--input-shape 1,3,H,W``) rather than token ids."""
-    return model_type in IMAGE
+    return model_type in IMAGE or model_type in BEYOND_IMAGE
+
+
+def is_decoder(model_type: str) -> bool:
+    """Whether the type is a causal LM (it should ``generate``)."""
+    return model_type in DECODERS or model_type in BEYOND_DECODERS
 
 
 def build(model_type: str, seed: int = 0):
@@ -61,7 +111,8 @@ def build(model_type: str, seed: int = 0):
     config = transformers.AutoConfig.for_model(model_type, **({} if is_image(model_type) else TOKENS),
                                                **SIZES[model_type])
     torch.manual_seed(seed)
-    model = getattr(transformers, AUTO_CLASS[model_type]).from_config(config).eval()
+    model_class = getattr(transformers, AUTO_CLASS[model_type])
+    model = (model_class.from_config(config) if hasattr(model_class, "from_config") else model_class(config)).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.dim() >= 2 and not parameter.any():
@@ -71,11 +122,14 @@ def build(model_type: str, seed: int = 0):
 
 def shape_of(config) -> dict:
     """Heads, KV heads, intermediate width and layer count as a config states them (lists for swin's stages)."""
-    heads = getattr(config, "num_heads", None) if hasattr(config, "depths") else config.num_attention_heads
-    layers = sum(config.depths) if hasattr(config, "depths") else config.num_hidden_layers
+    heads = getattr(config, "num_heads", None) if hasattr(config, "depths") else None
+    heads = heads if heads is not None else getattr(config, "num_attention_heads", None)
+    depths = getattr(config, "depths", None)
+    layers = sum(depths) if isinstance(depths, list | tuple) else getattr(config, "num_hidden_layers", None)
     intermediate = next((getattr(config, name) for name in ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim")
                          if getattr(config, name, None) is not None), None)
-    if intermediate is None and hasattr(config, "mlp_ratio"):
-        intermediate = f"{config.mlp_ratio:g}×embed"
+    ratio = getattr(config, "mlp_ratio", None)
+    if intermediate is None and ratio is not None:
+        intermediate = f"{ratio:g}×embed" if isinstance(ratio, int | float) else f"{list(ratio)}×embed"
     return {"heads": heads, "kv_heads": getattr(config, "num_key_value_heads", None), "intermediate": intermediate,
             "layers": layers}

@@ -39,7 +39,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _hf_configs import AUTO_CLASS, DECODERS, DEV_SET, IMAGE_SIZE, VOCAB, build, is_image, shape_of  # noqa: E402
+from _hf_configs import AUTO_CLASS, DEV_SET, IMAGE_SIZE, VOCAB, build, is_decoder, is_image, shape_of  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def run_optkit(model_type: str, work: Path, drop_blocks: int, time_limit: float)
     row["folder_notes"] = [n for n in report["notes"] if "save_pretrained files" in n]
     row.update(check_outputs(model_type, original, out))
     acceptance = ["reload_ok", "logits_equal", "params_ok", "width_ok", "onnx_ok"]
-    acceptance += ["generate_ok"] if model_type in DECODERS else []
+    acceptance += ["generate_ok"] if is_decoder(model_type) else []
     row["status"] = "ok" if all(row.get(key) for key in acceptance) else "check failed"
     return row
 
@@ -166,7 +166,7 @@ def check_outputs(model_type: str, original, out: Path) -> dict:
         checks["onnx_ok"] = got.shape == tuple(expected.shape) and scale > 0 and difference <= ONNX_RTOL * scale
     except Exception as e:  # the failure is the measurement
         checks.update(onnx_ok=False, onnx_error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    if model_type in DECODERS and checks.get("reload_class"):
+    if is_decoder(model_type) and checks.get("reload_class"):
         try:
             prompt = inputs["input_ids"][:1, :4]
             tokens = stock.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
