@@ -84,7 +84,7 @@ def main() -> None:
         parser.error(f"not among the types beyond the development set: {', '.join(unknown)}")
     path = args.out / "hf-beyond.json"
     previous = {r["type"]: r for r in json.loads(path.read_text())["rows"]} if args.types and path.exists() else {}
-    command = "python benchmarks/hf_beyond.py " + " ".join(sys.argv[1:])
+    command = " ".join(["python benchmarks/hf_beyond.py", *sys.argv[1:]])
     rows = []
     for model_type in BEYOND:
         if model_type not in types:

@@ -147,7 +147,7 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
     new_kv, new_heads = (keep, keep * groups) if whole_groups else (kv, kv * keep)
     hidden, head_dim = config_int(model.config, HIDDEN_FIELDS), attentions[0].head_dim
 
-    def cut(new_hidden: int | None = None) -> None:
+    def cut(new_hidden: int | None = None, every_equal_field: bool = False) -> None:
         for attention in attentions:
             group_score, q_score = head_scores(attention, activations)
             if whole_groups:
@@ -161,7 +161,8 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
         _set_by_value(config, HEAD_FIELDS, heads, new_heads)
         _set_by_value(config, KV_FIELDS, kv, new_kv)
         if new_hidden is not None:
-            hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS)
+            hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS,
+                               every_equal_field=every_equal_field)
         if (getattr(config, "head_dim", None) or config_int(config, HIDDEN_FIELDS) // new_heads) != head_dim:
             try:
                 config.head_dim = head_dim
@@ -176,7 +177,14 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
     if with_hidden and hidden == heads * head_dim:
         # The stock class may derive the head width from hidden / heads: fewer heads then need a narrower stream.
         new_hidden = new_heads * head_dim
-        if commit(model, lambda: cut(new_hidden), f"{what} with hidden size {hidden}->{new_hidden}", refusals, undo):
+        with_stream = f"{what} with hidden size {hidden}->{new_hidden}"
+        if commit(model, lambda: cut(new_hidden), with_stream, refusals, undo):
+            return
+        # A layer sized by a field of its own that equals the hidden size (DeBERTa's pooler_hidden_size) matches
+        # the stock shapes but not the narrowed stream: every such field follows the stream.
+        if "does not run" in refusals[-1] and commit(
+                model, lambda: cut(new_hidden, every_equal_field=True),
+                f"{with_stream} and every field equal to it", refusals, undo):
             return
     skipped += refusals
 

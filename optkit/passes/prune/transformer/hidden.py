@@ -40,7 +40,7 @@ class Cut:
 
 
 def shrink(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], stream: list[torch.Tensor],
-           width_fields: tuple[str, ...]) -> list[int]:
+           width_fields: tuple[str, ...], *, every_equal_field: bool = False) -> list[int]:
     """Cut the residual stream of ``model`` from ``hidden`` to ``new_hidden`` channels and update its config.
 
     Args:
@@ -50,6 +50,9 @@ def shrink(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], st
         widths: the MLP widths found in the blocks (pinned into unset config width fields).
         stream: samples of the residual stream (block inputs, last dim ``hidden``) for the activation score.
         width_fields: the config's MLP width fields (kept as they are; an unset one may be pinned to ``widths``).
+        every_equal_field: set every other int field equal to ``hidden`` to ``new_hidden`` from the start (a
+            layer sized by a field of its own that reads the stream); by default such a field is set only when
+            it brings the stock shapes closer to the model's.
 
     Returns:
         the kept channel indices, ascending.
@@ -58,7 +61,7 @@ def shrink(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], st
         Refused: when no config with the new hidden size builds a stock model whose tensors differ from the
             model's only on hidden-sized axes.
     """
-    fields, cuts = _plan(model, hidden, new_hidden, widths, width_fields)
+    fields, cuts = _plan(model, hidden, new_hidden, widths, width_fields, every_equal_field)
     tensors = _named_tensors(model)
     kept = torch.sort(_scores(tensors, cuts, stream, hidden).topk(new_hidden).indices).values
     _apply(model, tensors, cuts, kept)
@@ -67,8 +70,8 @@ def shrink(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], st
     return kept.tolist()
 
 
-def _plan(model: nn.Module, hidden: int, new_hidden: int, widths: list[int],
-          width_fields: tuple[str, ...]) -> tuple[dict[str, Any], list[Cut]]:
+def _plan(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], width_fields: tuple[str, ...],
+          every_equal_field: bool = False) -> tuple[dict[str, Any], list[Cut]]:
     """The config fields to set and the tensor axes to cut; further fields are added one at a time while they help."""
     config = model.config
     field = next(name for name in HIDDEN_FIELDS if isinstance(getattr(config, name, None), int))
@@ -77,8 +80,12 @@ def _plan(model: nn.Module, hidden: int, new_hidden: int, widths: list[int],
     # An unset MLP width the stock class derives from the hidden size keeps the model's width.
     options = [(name, widths[0]) for name in width_fields
                if len(widths) == 1 and hasattr(config, name) and getattr(config, name) is None]
-    options += [(key, new_hidden) for key, value in config.to_dict().items()
-                if key not in skip and type(value) is int and value == hidden]
+    equal = [(key, new_hidden) for key, value in config.to_dict().items()
+             if key not in skip and type(value) is int and value == hidden]
+    if every_equal_field:
+        fields.update(equal)
+    else:
+        options += equal
     cuts, problems = _compare(model, fields, hidden, new_hidden)
     while problems and options:
         tried = [(option, *_compare(model, {**fields, option[0]: option[1]}, hidden, new_hidden))
