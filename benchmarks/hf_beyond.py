@@ -17,7 +17,6 @@ Writes benchmarks/results/hf-beyond.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _hf_configs import BEYOND, is_decoder, is_image  # noqa: E402
-from hf_zoo import RESULTS, run_optkit  # noqa: E402
+from hf_zoo import run_optkit, type_arguments  # noqa: E402
 
 CHECKS = ("reload_ok", "logits_equal", "onnx_ok")
 
@@ -73,15 +72,7 @@ def markdown(rows: list[dict], command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--types", nargs="*", help="only these types; the other rows are kept from the last run")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--time-limit", type=float, default=300.0, help="seconds each CLI run may take")
-    args = parser.parse_args()
-    types = args.types or list(BEYOND)
-    unknown = sorted(set(types) - set(BEYOND))
-    if unknown:
-        parser.error(f"not among the types beyond the development set: {', '.join(unknown)}")
+    args, types = type_arguments(__doc__, BEYOND, 300.0, "among the types beyond the development set")
     path = args.out / "hf-beyond.json"
     previous = {r["type"]: r for r in json.loads(path.read_text())["rows"]} if args.types and path.exists() else {}
     command = " ".join(["python benchmarks/hf_beyond.py", *sys.argv[1:]])

@@ -346,22 +346,30 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def type_arguments(doc: str, known: tuple[str, ...], time_limit: float,
+                   among: str) -> tuple[argparse.Namespace, list[str]]:
+    """The command line of a benchmark over model types: ``--types`` (checked against ``known``), ``--out``,
+    ``--time-limit``; with the types to run (all by default)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--types", nargs="*", help="only these types; the other rows are kept from the last run")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for hf-zoo.json and hf-zoo.md")
-    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, help="seconds each CLI run may take")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results files")
+    parser.add_argument("--time-limit", type=float, default=time_limit, help="seconds each CLI run may take")
     args = parser.parse_args()
+    types = args.types or list(known)
+    unknown = sorted(set(types) - set(known))
+    if unknown:
+        parser.error(f"not {among}: {', '.join(unknown)}")
+    return args, types
+
+
+def main() -> None:
+    args, types = type_arguments(__doc__, DEV_SET, TIME_LIMIT_S, "in the development set")
 
     import onnxruntime
     import torch
     import torch_pruning
     import transformers
 
-    types = args.types or list(DEV_SET)
-    unknown = sorted(set(types) - set(DEV_SET))
-    if unknown:
-        parser.error(f"not in the development set: {', '.join(unknown)}")
     path = args.out / "hf-zoo.json"
     previous = {}
     if args.types and path.exists():
