@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from optkit.passes.prune import config_heads
-from optkit.passes.prune.config_heads import Interior
+from optkit.passes.prune.head_units import Interior, find_interiors
 
 if TYPE_CHECKING:
     from torch import nn
@@ -76,7 +76,7 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
         return None
     layers = dict(model.named_modules())
     build = lambda fields: _stock_build(model, fields, inputs)  # noqa: E731
-    interiors = config_heads.find_interiors(model, inputs)
+    interiors = find_interiors(model, inputs)
     heads = config_heads.find_head_fields(interiors, base, built, build)
     # Width edits are tried with one head per unit (any width splits into one head), heads chosen after.
     reference = build(heads.pinned(base)) if heads.elements else built

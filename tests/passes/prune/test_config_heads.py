@@ -10,34 +10,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
-from optkit.kinds import example_inputs  # noqa: E402
 from optkit.passes.prune import config_heads  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
-from tests.support.stock_reload import IMAGE, assert_stock_class_reloads, pixels  # noqa: E402
+from tests.support.stock_reload import (  # noqa: E402
+    IMAGE, assert_stock_class_reloads, attention_units, pixels, tiny_swin)
 
 HEAD_DIM = 16
-
-
-def _swin(config_class=transformers.SwinConfig, model_class=transformers.SwinForImageClassification):
-    torch.manual_seed(0)
-    config = config_class(embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4, image_size=IMAGE,
-                          patch_size=2, num_labels=10)
-    model = model_class(config).eval()
-    with torch.no_grad():  # the tables start at zero; per-head values make a wrongly kept head visible
-        for name, param in model.named_parameters():
-            if "relative_position_bias_table" in name:
-                param.normal_(0.0, 0.5)
-    return model
-
-
-
-
-def _units(model) -> dict[str, config_heads.Interior]:
-    return {u.name: u for u in config_heads.find_interiors(model, example_inputs(model, (1, 3, IMAGE, IMAGE)))}
 
 
 def _call_of(model, module):
@@ -50,28 +31,13 @@ def _call_of(model, module):
     return seen[0]
 
 
-def test_units_are_found_with_their_projections_in_both_attention_layouts():
-    """HF Swin keeps its output projection inside the attention; SwinV2 beside it (``attention.output.dense``)."""
-    units = _units(_swin())
-    assert len(units) == 4 and {u.heads for u in units.values()} == {2, 4}
-    unit = units["swin.encoder.layers.1.blocks.0.attention"]
-    assert [name.rsplit(".", 1)[1] for name, _ in unit.projections] == ["q_proj", "k_proj", "v_proj"]
-    assert unit.output.endswith("attention.o_proj") and (unit.heads, unit.width, unit.head_dim) == (4, 64, 16)
-    assert [name.rsplit(".", 1)[1] for name, _ in unit.scores] == ["q_proj", "k_proj"]
-
-    v2 = _units(_swin(transformers.Swinv2Config, transformers.Swinv2ForImageClassification))
-    unit = v2["swinv2.encoder.layers.0.blocks.1.attention.self"]
-    assert unit.output == "swinv2.encoder.layers.0.blocks.1.attention.output.dense"
-    assert (unit.heads, unit.width) == (2, 32) and len(v2) == 4
-
-
 def test_cutting_a_unit_to_fewer_heads_drops_the_weakest_and_keeps_the_others_exactly():
     """Head 2 of 4 writes nothing (its output columns are zero) and has the smallest weights: cut to 3 heads,
     the attention's output is unchanged, and heads 0, 1, 3 keep their q/k/v rows, output columns and bias
     table column."""
-    model = _swin()
+    model = tiny_swin()
     name = "swin.encoder.layers.1.blocks.0.attention"
-    attention, unit = model.get_submodule(name), _units(model)[name]
+    attention, unit = model.get_submodule(name), attention_units(model)[name]
     dead = slice(2 * HEAD_DIM, 3 * HEAD_DIM)
     with torch.no_grad():
         for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
@@ -98,9 +64,9 @@ def test_narrowing_every_head_keeps_the_strongest_dims_of_each_and_their_scores(
     """Each of the 2 heads has 4 dims (different ones per head) that carry nothing: cut to 2 heads of 12, with
     the query and key rows rescaled for the class's sharper 12 ** -0.5 scaling, the attention's output is
     unchanged."""
-    model = _swin()
+    model = tiny_swin()
     name = "swin.encoder.layers.0.blocks.1.attention"
-    attention, unit = model.get_submodule(name), _units(model)[name]
+    attention, unit = model.get_submodule(name), attention_units(model)[name]
     empty = torch.tensor([0, 5, 9, 13, HEAD_DIM + 2, HEAD_DIM + 3, HEAD_DIM + 10, HEAD_DIM + 15])
     with torch.no_grad():
         for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
@@ -119,46 +85,12 @@ def test_narrowing_every_head_keeps_the_strongest_dims_of_each_and_their_scores(
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
 
 
-class _Interleaved(nn.Module):
-    """Attention whose channels run dim-major (channel = dim * heads + head): not ``heads`` blocks."""
-
-    def __init__(self, width: int = 32, num_heads: int = 4):
-        super().__init__()
-        self.num_heads = num_heads
-        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
-
-    def forward(self, x):
-        b, n, c = x.shape
-
-        def split(t):
-            return t.view(b, n, c // self.num_heads, self.num_heads).permute(0, 3, 1, 2)
-        attention = (split(self.q(x)) @ split(self.k(x)).transpose(-1, -2)).softmax(-1)
-        return self.o((attention @ split(self.v(x))).permute(0, 2, 3, 1).reshape(b, n, c))
-
-
-class _Blocked(_Interleaved):
-    def forward(self, x):
-        b, n, c = x.shape
-
-        def split(t):
-            return t.view(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
-        attention = (split(self.q(x)) @ split(self.k(x)).transpose(-1, -2)).softmax(-1)
-        return self.o((attention @ split(self.v(x))).transpose(1, 2).reshape(b, n, c))
-
-
-def test_a_unit_is_one_only_when_its_heads_lie_in_blocks():
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 32)
-    assert [u.name for u in config_heads.find_interiors(nn.Sequential(_Blocked()), [x])] == ["0"]
-    assert config_heads.find_interiors(nn.Sequential(_Interleaved()), [x]) == []
-
-
 @pytest.mark.parametrize("ratio, embed_dim, num_heads", [(0.3, 24, [2, 3]), (0.5, 16, [1, 2])])
 def test_a_swin_keeps_whole_heads_where_the_stage_width_allows_and_the_stock_class_reloads_it(
         ratio, embed_dim, num_heads, tmp_path):
     """At 0.3 the stage widths go 32 -> 24 (not a whole number of 16-wide heads: 2 heads of 12) and 64 -> 48
     (3 whole heads of 16); at 0.5, 16 and 32: 1 and 2 whole heads."""
-    model = _swin()
+    model = tiny_swin()
     before = sum(p.numel() for p in model.parameters())
 
     result = StructuredPrune(ratio=ratio, input_shape=(1, 3, IMAGE, IMAGE), round_to=8).apply(model)
@@ -177,7 +109,7 @@ def test_a_swin_keeps_whole_heads_where_the_stage_width_allows_and_the_stock_cla
 
 
 def test_a_swin_v2_with_its_attention_output_beside_the_heads_reloads_too(tmp_path):
-    model = _swin(transformers.Swinv2Config, transformers.Swinv2ForImageClassification)
+    model = tiny_swin(transformers.Swinv2Config, transformers.Swinv2ForImageClassification)
 
     result = StructuredPrune(ratio=0.3, input_shape=(1, 3, IMAGE, IMAGE), round_to=8).apply(model)
 
