@@ -16,9 +16,9 @@ from torch import nn
 
 from optkit.kinds import example_inputs, model_device
 
-__all__ = ["PRUNABLE_WEIGHT_TYPES", "ModelStats", "count_macs", "detach_caches", "count_params", "eval_mode", "example_input",
-           "file_size", "fingerprint", "measure", "model_device", "prunable_weights", "summarize_ms", "time_callable",
-           "weight_sparsity"]
+__all__ = ["PRUNABLE_WEIGHT_TYPES", "ModelStats", "count_macs", "count_params", "detach_caches", "eval_mode",
+           "example_input", "file_size", "fingerprint", "measure", "model_device", "prunable_weights", "summarize_ms",
+           "time_callable", "weight_sparsity"]
 
 PRUNABLE_WEIGHT_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
