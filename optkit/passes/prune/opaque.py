@@ -213,14 +213,15 @@ def shuffle_block_pruner():
     return ShuffleBlockPruner()
 
 
-def select_norm(norm: nn.LayerNorm, keep) -> None:
-    """Keep the entries ``keep`` of a layer norm's weight and bias."""
+def select_norm(norm: nn.Module, keep) -> None:
+    """Keep the entries ``keep`` of a norm's weight and bias (a layer norm, or an RMS norm without a bias)."""
     from torch import nn
 
     norm.weight = nn.Parameter(norm.weight.detach()[keep].clone(), requires_grad=norm.weight.requires_grad)
-    if norm.bias is not None:
+    if getattr(norm, "bias", None) is not None:
         norm.bias = nn.Parameter(norm.bias.detach()[keep].clone(), requires_grad=norm.bias.requires_grad)
-    norm.normalized_shape = (len(keep),)
+    if hasattr(norm, "normalized_shape"):
+        norm.normalized_shape = (len(keep),)
 
 
 def select_linear(linear: nn.Linear, rows, cols) -> None:

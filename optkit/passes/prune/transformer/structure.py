@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from optkit.passes.prune.opaque import select_norm
+
 HEAD_FIELDS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
 KV_FIELDS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
 HIDDEN_FIELDS = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim")
@@ -120,7 +122,7 @@ class Attention:
     def select(self, kept_kv: list[int], kept_q: list[list[int]]) -> None:
         rows = self.rows_for(kept_kv, kept_q)
         for norm, layer in self.norms:
-            select_norm(norm, rows[id(layer)])
+            select_norm(norm, rows[id(layer)].to(norm.weight.device))
         for layer in self.qkv:
             layer.select_out(rows[id(layer)])
         self.o.select_in(self.o_cols(kept_kv, kept_q))
@@ -129,14 +131,6 @@ class Attention:
 
     def layers(self) -> list[Layer]:
         return [*self.qkv, self.o]
-
-
-def select_norm(norm: nn.Module, rows: torch.Tensor) -> None:
-    """Keep channels ``rows`` of a norm (weight, bias, ``normalized_shape``)."""
-    _select(norm, "weight", 0, rows)
-    _select(norm, "bias", 0, rows)
-    if hasattr(norm, "normalized_shape"):
-        norm.normalized_shape = (len(rows),)
 
 
 def _head_rows(heads: list[int], head_dim: int) -> torch.Tensor:
