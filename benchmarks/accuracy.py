@@ -288,7 +288,7 @@ def main() -> None:
             f"Structured rows: StructuredPrune(target_macs=1/2 or 1/3, round_to={ROUND_TO}, allocation=...). uniform: "
             "the search picks one channel ratio for every group (the row's `ratio` in the JSON); global: one ratio, "
             "channels ranked across groups; sensitivity: per-group ratios (`layer_ratios`) chosen from curves "
-            "measured by optkit.passes.prune.sensitivity (each group pruned alone at 0.25/0.5/0.75 and scored on 512 "
+            "measured by optkit.passes.prune.targets.curves (each group pruned alone at 0.25/0.5/0.75 and scored on 512 "
             "images of the validation split, never the test split; the allocation's loss is the mean KL from the "
             "baseline after BN recalibration plus the top-1 disagreement before it, each over its total across "
             "the points, so the allocation serves the model as pruned and as recalibrated; allocations at spreads "

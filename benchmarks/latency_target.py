@@ -34,7 +34,7 @@ from pathlib import Path
 import torchvision
 
 from optkit.analysis.latency import cpu_model, interleaved_latency
-from optkit.passes.prune.latency_table import build_table
+from optkit.passes.prune.targets.latency_table import build_table
 from optkit.analysis.metrics import count_macs
 from optkit.export.onnx import export_onnx
 from optkit.core.files import write_text

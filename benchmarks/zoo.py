@@ -133,7 +133,7 @@ def direct_timm(name: str, shape: tuple[int, ...], limit: float) -> dict:
     import torch
     import torch_pruning as tp
 
-    from optkit.passes.prune.limits import TimeLimitExceeded, time_limit
+    from optkit.passes.prune.graph.limits import TimeLimitExceeded, time_limit
 
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False).eval()

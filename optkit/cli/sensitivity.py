@@ -1,6 +1,6 @@
 """``optkit sensitivity``: per-group pruning curves on data, and the recipe that spends a MACs target where it is cheapest.
 
-The analysis options come from :class:`optkit.passes.prune.sensitivity.SensitivitySettings`;
+The analysis options come from :class:`optkit.passes.prune.targets.curves.SensitivitySettings`;
 ``--round-to``, ``--importance`` and ``--target-macs`` are the structured prune's own.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from optkit.passes.prune.sensitivity import SensitivitySettings
+from optkit.passes.prune.targets.curves import SensitivitySettings
 from optkit.cli import generated
 from optkit.cli._options import model_options
 from optkit.cli._run import builtin_classes
@@ -53,14 +53,14 @@ def sensitivity_command(model: str, input_shape, num_classes, arch, trust, out_d
     from rich.console import Console
 
     from optkit import workflow
-    from optkit.passes.prune.sensitivity import analyze
-    from optkit.passes.prune.sensitivity_report import OUTPUT_FILES, write_outputs
+    from optkit.passes.prune.targets.curves import analyze
+    from optkit.passes.prune.targets.curves_report import OUTPUT_FILES, write_outputs
     from optkit.cli._run import data_input_shape
     from optkit.data import check_available, dataset_info
     from optkit.data.adapt import check_fits
     from optkit.io import models
     from optkit.io.outputs import StagedOutputs, prepare_output_dir
-    from optkit.passes.prune import sensitivity_target
+    from optkit.passes.prune.targets import sensitivity as sensitivity_target
 
     settings = generated.settings_from_flags(SensitivitySettings, _FLAGS, flags)
     prune_values = {flag.uses[0].field: flags[flag.param] for flag in _PRUNE_FLAGS.values()

@@ -71,9 +71,9 @@ def test_only_files_with_a_symbolic_batch_take_the_larger_batch(tmp_path):
     assert _takes_any_batch(tmp_path / "any.onnx") and not _takes_any_batch(tmp_path / "fixed.onnx")
 
 
-@pytest.mark.slow  # about a minute of ONNX Runtime timing; tests/passes/prune/test_latency_target.py covers the search
+@pytest.mark.slow  # about a minute of ONNX Runtime timing; tests/passes/prune/targets/test_latency.py covers the search
 def test_target_latency_from_the_command_line_reports_what_it_measured(runner, tmp_path):
-    from optkit.passes.prune.latency_target import PROPOSALS
+    from optkit.passes.prune.targets.latency import PROPOSALS
 
     out = tmp_path / "o"
     result = runner.invoke(main, ["optimize", "torchvision:squeezenet1_1", "--num-classes", "10", "--input-shape",

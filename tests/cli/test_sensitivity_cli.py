@@ -8,7 +8,7 @@ import pytest
 import torch
 from usernets import BranchyNet
 
-from optkit.passes.prune.sensitivity_report import OUTPUT_FILES
+from optkit.passes.prune.targets.curves_report import OUTPUT_FILES
 from optkit.cli import main
 
 DATA = "synthetic:64:3x32x32:4"

@@ -29,7 +29,7 @@ def test_a_pass_pattern_example_names_the_passes_it_lists():
 
 
 def test_the_sensitivity_search_is_described_with_the_spreads_it_tries():
-    from optkit.passes.prune.sensitivity_target import SPREADS
+    from optkit.passes.prune.targets.sensitivity import SPREADS
 
     text = flat(DOCS / "techniques" / "pruning.md")
     assert f"tries {NUMBERS[len(SPREADS)]} spreads" in text

@@ -43,8 +43,8 @@ def tiny_swin(config_class=None, model_class=None):
 
 
 def attention_units(model) -> dict:
-    """The model's attention units (:func:`optkit.passes.prune.head_units.find_interiors`) by module name."""
+    """The model's attention units (:func:`optkit.passes.prune.hf.head_units.find_interiors`) by module name."""
     from optkit.kinds import example_inputs
-    from optkit.passes.prune.head_units import find_interiors
+    from optkit.passes.prune.hf.head_units import find_interiors
 
     return {u.name: u for u in find_interiors(model, example_inputs(model, (1, 3, IMAGE, IMAGE)))}

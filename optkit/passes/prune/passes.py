@@ -4,12 +4,12 @@ Unstructured pruning shrinks nothing on dense kernels: the zeros cost the same
 time. Structured pruning physically removes channels with torch-pruning's
 dependency graph, so the model gets smaller and faster. Architectures that
 torch-pruning does not follow on its own (attention heads, bare parameters,
-window attention, channel shuffle) get help from :mod:`optkit.passes.prune.arch`,
+window attention, channel shuffle) get help from :mod:`optkit.passes.prune.graph.arch`,
 and the groups it still breaks on are found and held by
-:mod:`optkit.passes.prune.fallback`. What a structured prune aims at (a ratio,
+:mod:`optkit.passes.prune.graph.fallback`. What a structured prune aims at (a ratio,
 a MACs, parameter or latency fraction, a sensitivity allocation) is a typed
-target from :mod:`optkit.passes.prune.targets`, reached by its registered
-handler through :func:`optkit.passes.prune.channels.prune_to`.
+target from :mod:`optkit.passes.prune.targets.configs`, reached by its registered
+handler through :func:`optkit.passes.prune.graph.channels.prune_to`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from optkit.core.settings import calib_data_setting, setting, shared_setting
 if TYPE_CHECKING:
     from torch import nn
 
-    from optkit.passes.prune.channels import PruneSpec
-    from optkit.passes.prune.sensitivity import Sensitivity
+    from optkit.passes.prune.graph.channels import PruneSpec
+    from optkit.passes.prune.targets.curves import Sensitivity
 
 STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random", "activation")
 ALLOCATIONS = ("uniform", "global", "sensitivity")
@@ -84,7 +84,7 @@ class StructuredPrune(Pass):
     A deep copy is pruned and checked, then its state is moved into the
     model passed in (so the pass works in place), except with a target, where
     the returned model is the pruned copy that met it. Groups torch-pruning
-    breaks on are held at full width (see :mod:`optkit.passes.prune.fallback`). The model is put in eval mode while it is traced
+    breaks on are held at full width (see :mod:`optkit.passes.prune.graph.fallback`). The model is put in eval mode while it is traced
     and restored after. ``calibration`` (Python only) takes an iterable of
     ``(inputs, targets)`` batches for ``taylor`` importance instead of ``data``.
     """
@@ -178,13 +178,16 @@ class StructuredPrune(Pass):
 
     def apply(self, model: nn.Module) -> PassResult:
         # Importing the handlers' modules registers them with the targets they reach.
-        from optkit.passes.prune import latency_target, mix_target, sensitivity_target, target  # noqa: F401
-        from optkit.passes.prune.targets import reach
+        from optkit.passes.prune.targets import latency as latency_target  # noqa: F401
+        from optkit.passes.prune.targets import mix as mix_target
+        from optkit.passes.prune.targets import sensitivity as sensitivity_target
+        from optkit.passes.prune.targets import ratio as target
+        from optkit.passes.prune.targets.configs import reach
 
         return reach(self.target(model), self.spec(), model)
 
     def target(self, model: nn.Module, sensitivity: Sensitivity | None = None) -> Any:
-        """The target these settings ask for, as a typed config from :mod:`optkit.passes.prune.targets`.
+        """The target these settings ask for, as a typed config from :mod:`optkit.passes.prune.targets.configs`.
 
         The one place the target settings are read: ``target_latency``, else sensitivity
         allocation, else ``target_macs`` or ``target_params``, else ``ratio``.
@@ -194,11 +197,11 @@ class StructuredPrune(Pass):
             sensitivity: curves already measured for ``model``, used instead of measuring.
 
         Returns:
-            a :class:`~optkit.passes.prune.targets.RatioTarget`, ``MacsTarget``, ``ParamsTarget``,
+            a :class:`~optkit.passes.prune.targets.configs.RatioTarget`, ``MacsTarget``, ``ParamsTarget``,
             ``LatencyTarget`` or ``SensitivityTarget``.
         """
-        from optkit.passes.prune import targets
-        from optkit.passes.prune.transformer import describes_transformer
+        from optkit.passes.prune.targets import configs as targets
+        from optkit.passes.prune.hf import describes_transformer
 
         if self.target_latency is not None:
             round_to = None if self.round_to == "auto" else self.round_to
@@ -213,7 +216,7 @@ class StructuredPrune(Pass):
             if self.target_macs is None:
                 raise ValueError("allocation 'sensitivity' of channels needs target_macs (the MACs fraction to reach)")
             if sensitivity is None:
-                from optkit.passes.prune.sensitivity import SensitivitySettings, analyze
+                from optkit.passes.prune.targets.curves import SensitivitySettings, analyze
 
                 sensitivity = analyze(model, SensitivitySettings(data=self.data), self)
             return targets.SensitivityTarget(self.target_macs, self.target_tolerance, self.round_to, sensitivity)
@@ -225,7 +228,7 @@ class StructuredPrune(Pass):
 
     def spec(self) -> PruneSpec:
         """How these settings choose and remove channels, whatever the target (see :class:`PruneSpec`)."""
-        from optkit.passes.prune.channels import PruneSpec
+        from optkit.passes.prune.graph.channels import PruneSpec
 
         return PruneSpec(
             input_shape=tuple(self.input_shape or DEFAULT_INPUT_SHAPE), importance=self.importance,
@@ -239,12 +242,12 @@ class StructuredPrune(Pass):
         """Prune ``model`` in place at ``ratio`` with this pass's other settings, ignoring its targets.
 
         Returns:
-            the details of :func:`optkit.passes.prune.channels.prune_to`.
+            the details of :func:`optkit.passes.prune.graph.channels.prune_to`.
 
         Raises:
             ValueError: for a layer pattern or sub-module that matches nothing.
         """
-        from optkit.passes.prune.channels import prune_to
+        from optkit.passes.prune.graph.channels import prune_to
 
         spec = self.spec()
         return prune_to(model, spec, spec.uniform(ratio, self.round_to))
@@ -290,7 +293,7 @@ def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_
         ``{layer name: reason}``; layer names are relative to the pruned
         sub-module (``backbone`` for detection/segmentation models).
     """
-    from optkit.passes.prune import channels
+    from optkit.passes.prune.graph import channels
 
     settings = StructuredPrune(input_shape=tuple(input_shape), ignored_layers=tuple(ignored_layers), round_to=round_to)
     spec = settings.spec()

@@ -13,7 +13,7 @@ from optkit.io import checkpoint
 from optkit.core import recipe
 from optkit.analysis.metrics import count_macs, count_params, weight_sparsity
 from optkit.io.models import ArchSpec, load_model, torchvision_names
-from optkit.passes.prune import limits as _prune_limits
+from optkit.passes.prune.graph import limits as _prune_limits
 from optkit.passes.prune.passes import L1Unstructured, StructuredPrune, skipped_layers
 
 SMALL = (1, 3, 64, 64)

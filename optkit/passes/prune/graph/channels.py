@@ -1,0 +1,396 @@
+"""Prune a model's channels to given widths: the one entry point every pruning target calls.
+
+A :class:`PruneSpec` says how channels are chosen and removed (importance,
+held layers, time limits, the fallback search); :class:`Widths` says how many
+each dependency group keeps; :func:`prune_to` applies them, verified, in
+place. Targets (:mod:`optkit.passes.prune.targets.configs`) differ only in the widths
+they ask for: one ratio for every group, or per-group counts.
+
+A Hugging Face transformer (repeated blocks under a config) is pruned by
+:mod:`optkit.passes.prune.hf` instead: whole heads, MLP channels and
+blocks, uniformly across blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class Widths:
+    """How many channels each dependency group keeps, in torch-pruning's terms.
+
+    Build them with :meth:`PruneSpec.uniform` or :meth:`PruneSpec.per_group`.
+
+    Attributes:
+        ratio: fraction removed from every group ``per_group`` does not name.
+        per_group: layer pattern -> fraction removed from the group it roots (``None``: none).
+        round_to: kept counts are multiples of this (1: no rounding).
+        global_: rank channels across all groups to remove ``ratio`` of them, instead of in each group.
+        steps: reach the widths in this many equal steps (each rounds).
+        heads_ratio: a transformer's share of attention heads to remove, when it differs from
+            ``ratio`` (which its MLP channels then lose); ``None``: ``ratio`` for both.
+    """
+
+    ratio: float
+    per_group: Mapping[str, float] | None
+    round_to: int
+    global_: bool = False
+    steps: int = 1
+    heads_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class PruneSpec:
+    """How a structured prune chooses and removes channels: everything but how many.
+
+    :meth:`optkit.passes.prune.passes.StructuredPrune.spec` builds it from the
+    pass's settings, which document each field.
+
+    Attributes:
+        input_shape: the model's example input shape.
+        importance: how channels are ranked (``l1``, ``l2``, ``taylor``, ``bn_scale``, ``random``).
+        global_: with one ratio for every group, rank channels across groups.
+        steps: equal steps a prune is reached in (``iterative_steps``).
+        layer_ratios: the user's per-layer ratio overrides, applied with one ratio for every group.
+        ignored_layers: fnmatch patterns of modules that keep their output channels.
+        submodule: prune only this sub-module (``None``: the model kind's choice).
+        bias_correction: give removed BatchNorm channels' expected contribution back.
+        drop_blocks: whole transformer blocks to remove.
+        timeout_s, group_timeout_s, fallback_budget_s, fallback_trials: the verified prune's limits.
+        data, calibration, calibration_batches, batch_size: batches for ``taylor`` importance.
+    """
+
+    input_shape: tuple[int, ...]
+    importance: str = "l1"
+    global_: bool = False
+    steps: int = 1
+    layer_ratios: Mapping[str, float] | None = None
+    ignored_layers: tuple[str, ...] = ()
+    submodule: str | None = None
+    bias_correction: bool = True
+    drop_blocks: int = 0
+    timeout_s: float = 0.0
+    group_timeout_s: float = 0.0
+    fallback_budget_s: float = 40.0
+    fallback_trials: int = 40
+    data: str | None = None
+    calibration: Any = None
+    calibration_batches: int = 4
+    batch_size: int = 16
+
+    def uniform(self, ratio: float, round_to: int) -> Widths:
+        """Every group loses ``ratio`` of its channels (the user's ``layer_ratios`` and ranking apply)."""
+        return Widths(ratio, self.layer_ratios, round_to, self.global_, self.steps)
+
+    def per_group(self, ratios: Mapping[str, float], round_to: int, *, steps: int | None = None) -> Widths:
+        """The groups ``ratios`` names lose those fractions (see :func:`~optkit.passes.prune.graph.groups.ratios_for`),
+        the others none; in ``steps`` steps (default: the spec's)."""
+        return Widths(0.0, dict(ratios) or None, round_to, False, self.steps if steps is None else steps)
+
+    def root_and_inputs(self, model: nn.Module) -> tuple[nn.Module, Any, str | None]:
+        """The module to prune (the model, or its sub-module), the inputs it receives, and its name.
+
+        Raises:
+            ValueError: for a sub-module the model does not have or does not run.
+        """
+        import torch
+
+        from optkit.analysis.metrics import eval_mode
+        from optkit.kinds import call_with, example_inputs, kind_of
+
+        inputs = example_inputs(model, self.input_shape)
+        submodule = self.submodule if self.submodule is not None else kind_of(model).prune_root(model)
+        if not submodule:
+            return model, inputs, None
+        try:
+            root = model.get_submodule(submodule)
+        except AttributeError as e:
+            raise ValueError(f"submodule {submodule!r} is not a module of {type(model).__name__}") from e
+        captured: list = []
+        hook = root.register_forward_pre_hook(lambda module, args: captured.append(args))
+        try:
+            with eval_mode(model), torch.no_grad():
+                call_with(model, inputs)
+        finally:
+            hook.remove()
+        if not captured:
+            raise ValueError(f"submodule {submodule!r} does not run in a forward pass at input_shape {self.input_shape}")
+        args = captured[0]
+        return root, args[0] if len(args) == 1 else list(args), submodule
+
+    # groups.prunable_groups asks for the private name (the pass's, which it was written against).
+    _root_and_inputs = root_and_inputs
+
+
+def prune_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any]:
+    """Prune ``model`` in place to ``widths`` the way ``spec`` says, never leaving it half-changed.
+
+    A deep copy is pruned and checked (forward, backward, same output shapes);
+    dependency groups that break it, raise or do not finish in
+    ``group_timeout_s`` are found by the fallback search and held at full
+    width. The checked copy's state is then moved into ``model``. When
+    nothing can be pruned, ``model`` is left exactly as it was.
+
+    Args:
+        model: the model, changed in place.
+        spec: how channels are chosen and removed.
+        widths: how many each group keeps.
+
+    Returns:
+        details for the report: ``ratio``, ``skipped_layers`` (name -> reason),
+        ``pruned_layers`` (count), ``held_layers`` (group roots the fallback
+        held -> the error they caused), ``fallback`` (its cost: ``trials``,
+        ``seconds``), and ``shortfall`` (one line) when less than asked was
+        reachable.
+
+    Raises:
+        ValueError: for a layer pattern or sub-module that matches nothing, or
+            settings a transformer's pruning does not take.
+    """
+    from optkit.analysis.metrics import count_macs
+    from optkit.kinds import example_inputs
+    from optkit.passes.prune.graph import pruner as _engine
+    from optkit.passes.prune.graph import fallback as _fallback
+    from optkit.passes.prune.graph import limits as _limits
+    from optkit.passes.prune.hf import describes_transformer
+
+    if spec.submodule is None and describes_transformer(model):
+        return _prune_transformer(model, spec, widths)
+    if spec.drop_blocks:
+        raise ValueError("drop_blocks removes blocks of a Hugging Face transformer (a model with a config and "
+                         "repeated blocks); this model is not one")
+    if spec.submodule is None and widths.per_group is None and not widths.global_ and widths.steps == 1:
+        described = _prune_to_config_widths(model, spec, widths)
+        if described is not None:
+            return described
+    ratio = widths.ratio
+    root, inputs, submodule = spec.root_and_inputs(model)
+    held, overrides = _engine.user_choices(root, spec.ignored_layers, widths.per_group)
+    held.update(_kind_held(model, root, held))
+    names = {module: name for name, module in root.named_modules()}
+    job = _fallback.Job(
+        model=model, root_name=submodule or "", model_inputs=example_inputs(model, spec.input_shape),
+        root_inputs=inputs,
+        options=_engine.Options(_importance(spec.importance), ratio, widths.global_, widths.steps, widths.round_to,
+                                spec.bias_correction),
+        held={names[m]: reason for m, reason in held.items()},
+        overrides={names[m]: value for m, value in overrides.items()}, submodule=submodule,
+        before_step=_taylor_gradients(spec) if spec.importance == "taylor" else None,
+        attempt_limit_s=spec.timeout_s or None, group_limit_s=spec.group_timeout_s or None,
+        budget_s=spec.fallback_budget_s, max_trials=spec.fallback_trials)
+    outcome = _fallback.prune_verified(job)
+    details: dict[str, Any] = {"ratio": ratio}
+    if outcome.model is None:
+        details.update(pruned_layers=0, skipped_layers={n: outcome.error for n in _conv_linear_names(root)},
+                       shortfall=f"nothing pruned: {outcome.error}; the model is unchanged. Hold the blocks "
+                                 "named in the error with ignored_layers, or raise timeout_s")
+    else:
+        macs_before = count_macs(model, spec.input_shape) if outcome.held else None
+        _adopt(model, outcome.model)
+        root = model.get_submodule(submodule) if submodule else model
+        details.update(pruned_layers=sum(1 for n in _conv_linear_names(root) if n not in outcome.skipped),
+                       skipped_layers=outcome.skipped)
+        if outcome.held:
+            achieved = count_macs(model, spec.input_shape) / macs_before
+            details["held_layers"] = outcome.held
+            count = f"{len(outcome.held)} layer{'s' if len(outcome.held) > 1 else ''}"
+            details["shortfall"] = (f"asked {ratio:g} per group, achieved MACs {achieved:.2f}; "
+                                    f"{count} held, see held_layers")
+    details["fallback"] = {"trials": outcome.trials, "seconds": outcome.seconds}
+    if "shortfall" in details:
+        details["notes"] = [f"structured_prune {details['shortfall']} (fallback search: {outcome.trials} "
+                            f"trial prune(s), {outcome.seconds:.1f} s)"]
+    if submodule:
+        details["submodule"] = submodule
+    if spec.timeout_s and not _limits.limit_available():
+        details["time_limit"] = "not enforced (SIGALRM needs the main thread)"
+    return details
+
+
+def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any] | None:
+    """Prune a ``transformers`` model to the widths its own config can state (:mod:`.config_widths`), so the stock
+    class reloads it; ``None`` (and ``model`` unchanged) when its config states none or the result differs."""
+    import copy
+    import dataclasses
+
+    from optkit.analysis.metrics import detach_caches
+    from optkit.passes.prune.hf import config_heads
+    from optkit.passes.prune.hf import config_widths
+
+    described = config_widths.describe(model, spec, widths)
+    if described is None:
+        return None
+    trial = copy.deepcopy(detach_caches(model))  # describe traced it with autograd on
+    held = dataclasses.replace(spec, ignored_layers=(*spec.ignored_layers, *described.held))
+    details = prune_to(trial, held, Widths(0.0, described.per_group, 1))
+    config_heads.cut(trial, list(described.interiors), described.heads)
+    if details.get("held_layers") or config_widths.adopt_config(trial, described) is not None:
+        return None
+    _adopt(model, trial)
+    details["ratio"] = widths.ratio
+    details["config_widths"] = described.edits
+    details.setdefault("notes", []).append(
+        f"structured_prune kept the widths the model's config states ({described.summary()}), so its stock "
+        "class reloads it")
+    return details
+
+
+def skipped_layers(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, str]:
+    """Conv/linear layers a prune to ``widths`` would leave untouched, with the reason; the model is not changed.
+
+    Returns:
+        ``{layer name: reason}``, names relative to the pruned sub-module.
+    """
+    from optkit.passes.prune.graph import pruner as _engine
+
+    root, inputs, submodule = spec.root_and_inputs(model)
+    held, overrides = _engine.user_choices(root, spec.ignored_layers, widths.per_group)
+    held.update(_kind_held(model, root, held))
+    options = _engine.Options(_importance(spec.importance), widths.ratio, widths.global_, widths.steps,
+                              widths.round_to)
+    return _engine.prune_tree(root, inputs, options, held, overrides, submodule=submodule, dry_run=True)
+
+
+def _prune_transformer(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any]:
+    """Whole heads (KV groups kept whole), MLP channels and blocks, uniform across blocks, config updated.
+
+    The stock ``transformers`` class still describes the result, so it is
+    saved with ``save_pretrained`` and reloads with ``from_pretrained``.
+    """
+    import copy
+
+    from optkit.kinds import example_inputs
+    from optkit.passes.prune.hf import prune_transformer
+    from optkit.passes.prune.hf.calibration import input_norms
+    from optkit.passes.prune.hf.refit import refit_narrowed_layers
+
+    ratio = widths.ratio
+    unsupported = [name for name, value in (("ignored_layers", spec.ignored_layers),
+                                            ("layer_ratios", widths.per_group),
+                                            ("allocation", widths.global_),
+                                            ("importance", spec.importance not in ("l1", "activation")),
+                                            ("iterative_steps", widths.steps != 1)) if value]
+    if unsupported:
+        raise ValueError(f"{', '.join(unsupported)} apply to channel pruning with torch-pruning; a transformer's "
+                         "heads, MLP channels and blocks are pruned uniformly by weight norm (importance l1) "
+                         "or by weight x activation norm (importance activation): leave the others at their "
+                         "defaults (or set submodule to prune a part of it channel by channel)")
+    inputs = example_inputs(model, spec.input_shape)
+    keywords = dict(inputs.kwargs) or {getattr(model, "main_input_name", "input"): inputs.first()}
+    keywords.pop("use_cache", None)
+    batches = _calibration_text(model, spec)
+    if spec.importance == "activation" and batches is None:
+        raise ValueError("importance 'activation' measures activations on calibration text: give data as a text "
+                         "spec (text, text:FILE or text:DIR)")
+    activations = input_norms(model, batches) if spec.importance == "activation" else None
+    original = copy.deepcopy(model) if batches is not None and spec.bias_correction else None
+    heads_ratio = ratio if widths.heads_ratio is None else widths.heads_ratio
+    result = prune_transformer(model, heads_ratio=heads_ratio, mlp_ratio=ratio, drop_blocks=spec.drop_blocks,
+                               example_inputs=keywords, round_to=widths.round_to, activations=activations)
+    refitted = refit_narrowed_layers(original, model, batches) if original is not None else []
+    before, after = result["before"], result["after"]
+    notes = [f"structured_prune {line}" for line in result["skipped"]]
+    if before["heads"] and after["heads"] != before["heads"]:
+        removed = 1 - after["heads"] / before["heads"]
+        if abs(removed - heads_ratio) > 0.05:
+            notes.append(f"structured_prune removed {before['heads'] - after['heads']} of {before['heads']} "
+                         f"attention heads ({removed:.2f}, asked {heads_ratio:g}): heads go in whole key/value groups "
+                         f"({before['kv_heads']} here), so the share was rounded")
+    if refitted:
+        notes.append(f"structured_prune refitted {len(refitted)} layer(s) that lost inputs (attention output and "
+                     "MLP down projections) by least squares on the calibration text")
+    return {"ratio": ratio, "importance": spec.importance, "refitted_layers": refitted, "transformer": result,
+            "pruned_layers": after["attention_units"],
+            "skipped_layers": {}, "notes": notes}
+
+
+def _calibration_text(model: nn.Module, spec: PruneSpec) -> list[dict[str, Any]] | None:
+    """The transformer's calibration batches: ``calibration``, or ``calibration_batches`` batches of text blocks
+    from ``data`` (a text spec), each as long as the example inputs; ``None`` without either."""
+    from optkit.data.specs import is_text
+    from optkit.passes.prune.hf.calibration import text_batches
+
+    if spec.calibration is not None:
+        return list(spec.calibration)
+    if spec.data is None or not is_text(spec.data):
+        return None
+    return text_batches(model, spec.data, spec.input_shape[-1], spec.calibration_batches, spec.batch_size)
+
+
+def _taylor_gradients(spec: PruneSpec):
+    batches = spec.calibration if spec.calibration is not None else _data_batches(spec)
+
+    def accumulate(model: nn.Module) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        from optkit.analysis.metrics import model_device
+
+        device = model_device(model)
+        model.zero_grad(set_to_none=True)
+        seen = 0
+        with torch.enable_grad():
+            for batch in batches:
+                if seen >= spec.calibration_batches:
+                    break
+                if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+                    raise ValueError("taylor importance needs (inputs, targets) batches")
+                inputs, targets = batch[0].to(device), batch[1].to(device)
+                F.cross_entropy(model(inputs), targets).backward()
+                seen += 1
+        if not seen:
+            raise ValueError("taylor importance got no calibration batches")
+
+    return accumulate
+
+
+def _kind_held(model: nn.Module, root: nn.Module, held: dict[Any, str]) -> dict[Any, str]:
+    """The layers of ``root`` that the model's kind keeps at full width (see :meth:`ModelKind.held_layers`)."""
+    from optkit.kinds import kind_of
+
+    inside = set(root.modules())
+    modules = dict(model.named_modules())
+    return {modules[name]: reason for name, reason in kind_of(model).held_layers(model).items()
+            if modules[name] in inside and modules[name] not in held}
+
+
+def _adopt(model: nn.Module, pruned: nn.Module) -> None:
+    # The caller keeps its model object; it takes the pruned copy's modules and attributes.
+    model.__dict__.clear()
+    model.__dict__.update(pruned.__dict__)
+
+
+def _conv_linear_names(root: nn.Module) -> list[str]:
+    from optkit.analysis.metrics import prunable_weights
+
+    return [name for name, _ in prunable_weights(root)]
+
+
+def _data_batches(spec: PruneSpec):
+    from optkit.data import load_dataset, make_loader
+
+    dataset = load_dataset(spec.data, "train", augment=False)
+    return make_loader(dataset, spec.batch_size, shuffle=True, num_workers=0, seed=0)
+
+
+def _importance(kind: str):
+    import torch_pruning as tp
+
+    if kind == "l1":
+        return tp.importance.GroupMagnitudeImportance(p=1)
+    if kind == "l2":
+        return tp.importance.GroupMagnitudeImportance(p=2)
+    if kind == "taylor":
+        return tp.importance.GroupTaylorImportance()
+    if kind == "bn_scale":
+        return tp.importance.BNScaleImportance()
+    if kind == "activation":
+        raise ValueError("importance 'activation' ranks a Hugging Face transformer's heads and MLP channels; for "
+                         "channel pruning choose l1, l2, taylor, bn_scale or random")
+    return tp.importance.RandomImportance()

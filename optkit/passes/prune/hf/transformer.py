@@ -1,0 +1,413 @@
+"""Prune a Hugging Face transformer to uniform widths (heads, MLP channels, hidden size) and depth, in place.
+
+Every change is tried against the stock class: after the weights are cut and the
+config updated, the class is built from the new config on the meta device and
+every parameter's name and shape must match; the fresh model's scalar module
+attributes (head counts, ``layer_idx``, ...) are copied over. A change the
+stock config cannot describe is undone and reported.
+
+Where the stock class derives the head width from ``hidden_size / num_heads``
+(fewer heads alone are refused), the hidden size shrinks with the heads so the
+head width stays (:mod:`.hidden`); elsewhere it shrinks only when asked.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from optkit.core.errors import OptkitError, first_line
+from optkit.passes.prune.hf import depth
+from optkit.passes.prune.hf import hidden as hidden_size
+from optkit.passes.prune.hf.importance import Activations, channel_scores, expert_scores, head_scores
+from optkit.passes.prune.hf.parse import parse_block
+from optkit.passes.prune.hf.structure import (
+    HEAD_FIELDS, HIDDEN_FIELDS, KV_FIELDS, LAYER_FIELDS, Block, Mlp, config_int, find_block_lists, trace,
+)
+
+# _commit with the example inputs bound
+Commit = Callable[..., bool]
+WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim", "encoder_ffn_dim", "decoder_ffn_dim",
+                "d_ff", "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
+def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: float = 0.0, drop_blocks: int = 0,
+                      example_inputs: dict[str, Any] | None = None, activations: Activations = None,
+                      round_to: int = 8, hidden_ratio: float | None = None) -> dict[str, Any]:
+    """Remove attention heads, MLP channels, hidden channels and whole blocks; the stock class still describes it.
+
+    Args:
+        model: a Hugging Face model (has ``config``, blocks in a ``ModuleList``); changed in place.
+        heads_ratio: share of heads to remove in every block (whole KV groups with
+            grouped-query attention, query heads per group with multi-query attention).
+        mlp_ratio: share of MLP (and per-expert) channels to remove in every block;
+            the kept width is rounded to a multiple of ``round_to`` unless that removes nothing.
+        drop_blocks: number of blocks to remove, those whose output is most similar
+            (cosine) to their input on ``example_inputs``.
+        example_inputs: keyword inputs for ``model(**example_inputs)``; random tokens
+            (or images) sized from the config when omitted.
+        activations: optional per-layer input-channel norms (layer name -> tensor) for
+            activation-aware importance; weight L2 norms when omitted.
+        round_to: multiple the kept MLP width (and a hidden size set by ``hidden_ratio``) is rounded to.
+        hidden_ratio: share of the residual stream's channels to remove. ``None`` (default): only
+            with the heads, in classes whose head width is ``hidden / heads`` (the hidden size then
+            shrinks in proportion, so the head width stays); ``0``: never, so such classes keep
+            their heads. In a class whose head width is free, a share prunes the stream on its own.
+
+    Returns:
+        ``{"before": {...}, "after": {...}, "dropped_blocks": [...], "skipped": [...]}``; the
+        summaries hold heads, kv_heads, intermediate widths, hidden size, layers and params; each
+        skipped entry is one line naming a part left whole and why.
+
+    Raises:
+        OptkitError: a ratio outside [0, 1), a config without head counts, or a model
+            whose blocks cannot be run on the example inputs.
+    """
+    ratios = (("heads_ratio", heads_ratio), ("mlp_ratio", mlp_ratio), ("hidden_ratio", hidden_ratio or 0.0))
+    for name, value in ratios:
+        if not 0.0 <= value < 1.0:
+            raise OptkitError(f"{name} must be in [0, 1), got {value}; pass a share of units to remove such as 0.25")
+    config = model.config
+    hidden, heads = config_int(config, HIDDEN_FIELDS), config_int(config, HEAD_FIELDS)
+    if hidden is None or heads is None:
+        raise OptkitError("the model's config has no int hidden size or head count "
+                          f"(looked for {HIDDEN_FIELDS} and {HEAD_FIELDS}); only such transformers can be pruned")
+    inputs = example_inputs if example_inputs is not None else _default_inputs(model)
+    was_training = model.training
+    model.eval()
+    skipped: list[str] = []
+    before = _summary(model, [])
+    commit = functools.partial(_commit, inputs=inputs)
+    dropped = depth.drop(model, drop_blocks, inputs, commit) if drop_blocks else []
+    blocks = _find(model, inputs, hidden, heads, skipped)
+    stream = _stream(blocks, hidden)
+    if heads_ratio > 0:
+        _prune_heads(model, blocks, heads_ratio, activations, skipped, stream, hidden_ratio != 0, commit)
+    if mlp_ratio > 0:
+        _prune_mlps(model, blocks, mlp_ratio, round_to, activations, skipped, commit)
+    if hidden_ratio:
+        _prune_hidden(model, blocks, hidden, _kept_width(hidden, hidden_ratio, round_to), stream, skipped, commit)
+    model.train(was_training)
+    return {"before": before, "after": _summary(model, blocks), "dropped_blocks": dropped, "skipped": skipped}
+
+
+def describes_transformer(model: nn.Module) -> bool:
+    """Whether :func:`prune_transformer` can take ``model``: a config with an int hidden size and head count, and
+    a ``ModuleList`` of repeated blocks."""
+    config = getattr(model, "config", None)
+    if config is None or config_int(config, HIDDEN_FIELDS) is None or config_int(config, HEAD_FIELDS) is None:
+        return False
+    return bool(find_block_lists(model))
+
+
+def _find(model: nn.Module, inputs: dict, hidden: int, heads: int, skipped: list[str]) -> list[Block]:
+    config = model.config
+    kv = config_int(config, KV_FIELDS) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    blocks = [Block(block, f"{name}.{i}") for name, blocks in find_block_lists(model) for i, block in enumerate(blocks)]
+    if not blocks:
+        raise OptkitError("no ModuleList of repeated blocks found in the model; only block-stacked transformers can be pruned")
+    calls = trace(model, inputs, blocks)
+    for block in blocks:
+        parse_block(block, calls[id(block.module)], hidden, heads, kv, head_dim)
+        skipped += block.skipped
+    return blocks
+
+
+def _stream(blocks: list[Block], hidden: int) -> list[torch.Tensor]:
+    """The residual stream entering each block: its first float input as wide as the hidden size."""
+    samples = []
+    for block in blocks:
+        args, kwargs = block.call or ((), {})
+        found = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                 and x.dim() >= 2 and x.shape[-1] == hidden]
+        samples += found[:1]
+    return samples
+
+
+def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activations: Activations,
+                 skipped: list[str], stream: list[torch.Tensor], with_hidden: bool, commit: Commit) -> None:
+    attentions = [a for b in blocks for a in b.attentions]
+    if not attentions:
+        return
+    heads, kv = attentions[0].heads, attentions[0].kv_heads
+    groups = heads // kv
+    whole_groups = kv > 1 and round(kv * ratio) >= 1
+    drop = round(kv * ratio) if whole_groups else round(groups * ratio) if kv == 1 or groups > 1 else 0
+    keep = (kv if whole_groups else groups) - drop
+    if drop < 1 or keep < 1:
+        skipped.append(f"heads: a ratio of {ratio} removes no whole {'KV group' if whole_groups else 'head'} "
+                       f"of {kv if whole_groups else groups}; no head pruned")
+        return
+    new_kv, new_heads = (keep, keep * groups) if whole_groups else (kv, kv * keep)
+    hidden, head_dim = config_int(model.config, HIDDEN_FIELDS), attentions[0].head_dim
+
+    def cut(new_hidden: int | None = None, every_equal_field: bool = False) -> None:
+        for attention in attentions:
+            group_score, q_score = head_scores(attention, activations)
+            if whole_groups:
+                kept_kv = sorted(group_score.topk(keep).indices.tolist())
+                kept_q = [list(range(groups))] * keep
+            else:
+                kept_kv = list(range(kv))
+                kept_q = [sorted(q_score[i].topk(keep).indices.tolist()) for i in range(kv)]
+            attention.select(kept_kv, kept_q)
+        config = model.config
+        _set_by_value(config, HEAD_FIELDS, heads, new_heads)
+        _set_by_value(config, KV_FIELDS, kv, new_kv)
+        if new_hidden is not None:
+            hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS,
+                               every_equal_field=every_equal_field)
+        if (getattr(config, "head_dim", None) or config_int(config, HIDDEN_FIELDS) // new_heads) != head_dim:
+            try:
+                config.head_dim = head_dim
+            except AttributeError as error:  # a property of the class, derived from the hidden size
+                raise hidden_size.Refused(f"the config derives head_dim ({error})") from None
+
+    what = f"heads {heads}->{new_heads} (kv {kv}->{new_kv})"
+    undo = _snapshot(blocks)
+    refusals: list[str] = []
+    if commit(model, cut, what, refusals, undo):
+        return
+    if with_hidden and hidden == heads * head_dim:
+        # The stock class may derive the head width from hidden / heads: fewer heads then need a narrower stream.
+        new_hidden = new_heads * head_dim
+        with_stream = f"{what} with hidden size {hidden}->{new_hidden}"
+        if commit(model, lambda: cut(new_hidden), with_stream, refusals, undo):
+            return
+        # A layer sized by a field of its own that equals the hidden size (DeBERTa's pooler_hidden_size) matches
+        # the stock shapes but not the narrowed stream: every such field follows the stream.
+        if "does not run" in refusals[-1] and commit(
+                model, lambda: cut(new_hidden, every_equal_field=True),
+                f"{with_stream} and every field equal to it", refusals, undo):
+            return
+    skipped += refusals
+
+
+def _prune_hidden(model: nn.Module, blocks: list[Block], hidden: int, new_hidden: int, stream: list[torch.Tensor],
+                  skipped: list[str], commit: Commit) -> None:
+    current = config_int(model.config, HIDDEN_FIELDS)
+    if current != hidden:
+        skipped.append(f"hidden size: followed the heads ({hidden}->{current}), as this class's head width is "
+                       "hidden / heads; hidden_ratio was not applied on top")
+        return
+    commit(model, lambda: hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS),
+            f"hidden size {hidden}->{new_hidden}", skipped, _snapshot(blocks))
+
+
+def _widths(blocks: list[Block]) -> list[int]:
+    return sorted({u.width for b in blocks for u in (*b.mlps, *b.experts)})
+
+
+def _snapshot(blocks: list[Block]) -> Callable[[], None]:
+    """A function that puts the units' recorded head counts and layer widths back (after a refused change)."""
+    objects = [o for b in blocks for a in b.attentions for o in (a, *a.layers())]
+    objects += [o for b in blocks for m in b.mlps for o in (m, *m.layers())]
+    saved = [(o, dict(vars(o))) for o in objects]
+
+    def undo() -> None:
+        for obj, state in saved:
+            vars(obj).update(state)
+    return undo
+
+
+def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: int, activations: Activations,
+                skipped: list[str], commit: Commit) -> None:
+    units = [u for b in blocks for u in (*b.mlps, *b.experts)]
+    widths = sorted({u.width for u in units})
+    if not units:
+        return
+    new = {w: _kept_width(w, ratio, round_to) for w in widths}
+
+    def cut() -> None:
+        for unit in units:
+            keep = new[unit.width]
+            if isinstance(unit, Mlp):
+                unit.select(channel_scores(unit, activations).topk(keep).indices.sort().values)
+            else:
+                unit.select(expert_scores(unit).topk(keep, dim=1).indices.sort(dim=1).values)
+        for old, kept in new.items():
+            _set_width(model.config, old, kept)
+
+    def what() -> str:
+        return "MLP widths " + ", ".join(f"{w}->{k}" for w, k in new.items())
+
+    undo, refusals = _snapshot(blocks), []
+    if commit(model, cut, what(), refusals, undo):
+        return
+    # A config may state the width as a whole multiple of the hidden size (an int mlp_ratio): keep the nearest.
+    hidden = config_int(model.config, HIDDEN_FIELDS)
+    whole = {w: min(max(hidden, round(k / hidden) * hidden), w - hidden) for w, k in new.items()} if hidden else {}
+    if whole and whole != new and all(hidden <= k < w for w, k in whole.items()):
+        new.update(whole)
+        if commit(model, cut, f"{what()} (whole multiples of the hidden size)", refusals, undo):
+            return
+    skipped += refusals
+
+
+def _kept_width(width: int, ratio: float, round_to: int) -> int:
+    exact = width * (1 - ratio)
+    rounded = max(round_to, round(exact / round_to) * round_to)
+    if rounded < width:
+        return rounded
+    return max(1, min(width - 1, math.floor(exact)))
+
+
+def _set_width(config: Any, old: int, new: int) -> None:
+    """Set the config's MLP width ``old`` to ``new``: the width field holding it (or an unset one), else a float
+    field that gives it as a multiple of the hidden size (an ``mlp_ratio``), which is set to ``new / hidden``."""
+    present = [getattr(config, name) for name in WIDTH_FIELDS if hasattr(config, name)]
+    hidden = config_int(config, HIDDEN_FIELDS)
+    if old in present or None in present or not hidden:
+        _set_by_value(config, WIDTH_FIELDS, old, new, fill_none=True)
+        return
+    counts = set(HEAD_FIELDS) | set(KV_FIELDS) | set(LAYER_FIELDS) | set(HIDDEN_FIELDS)
+    multiples = [key for key, value in config.to_dict().items()
+                 if type(value) in (int, float) and key not in counts and abs(value * hidden - old) < 1e-6]
+    if multiples:
+        ratio = new / hidden
+        while int(hidden * ratio) < new:  # the stock class takes int(hidden * ratio)
+            ratio = math.nextafter(ratio, math.inf)
+        floats = [key for key in multiples if type(getattr(config, key)) is float]
+        if floats:
+            setattr(config, floats[0], ratio)
+        elif new % hidden == 0:  # an int field (a typed config refuses a float there)
+            setattr(config, multiples[0], new // hidden)
+
+
+def _set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_none: bool = False) -> None:
+    present = [n for n in names if hasattr(config, n)]
+    matched = [n for n in present if getattr(config, n) == old]
+    if not matched and fill_none:
+        matched = [n for n in present if getattr(config, n) is None][:1]
+    for name in matched:
+        setattr(config, name, new)
+
+
+def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: list[str],
+            undo: Callable[[], None] | None = None, *, inputs: dict[str, Any]) -> bool:
+    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees
+    and the model still runs on ``inputs``.
+
+    Otherwise the parameters, buffers, module settings, block lists and config are put back, ``undo`` runs,
+    and one line saying why goes to ``skipped``.
+    """
+    saved_params = [(m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
+    saved_buffers = [(m, dict(m._buffers)) for m in model.modules()]
+    saved_settings = [(m, {k: v for k, v in vars(m).items() if not k.startswith("_") and _is_setting(v)})
+                      for m in model.modules()]
+    saved_config = copy.deepcopy(vars(model.config))
+    saved_lists = {id(m): (m, list(m)) for m in model.modules() if isinstance(m, nn.ModuleList)}
+    try:
+        change()
+        problem = matches_stock(model) or _fails_to_run(model, inputs)
+    except hidden_size.Refused as refusal:
+        problem = str(refusal)
+    except Exception as error:  # noqa: BLE001 - a config that refuses a value (typed fields) refuses the change
+        problem = f"{type(error).__name__}: {first_line(error)}"
+    if problem is None:
+        return True
+    for owner, name, param in saved_params:
+        setattr(owner, name, param)
+    for owner, settings in saved_settings:
+        vars(owner).update(settings)
+    for owner, buffers in saved_buffers:
+        owner._buffers.update(buffers)
+    for module_list, items in saved_lists.values():
+        module_list._modules.clear()
+        module_list.extend(items)
+    vars(model.config).clear()
+    vars(model.config).update(saved_config)
+    if undo is not None:
+        undo()
+    skipped.append(f"{what}: not done, the stock class cannot describe it ({problem})")
+    return False
+
+
+def _fails_to_run(model: nn.Module, inputs: dict[str, Any]) -> str | None:
+    """``None`` when ``model(**inputs)`` runs; else why not, in one line (a layer the config sizes apart, such as
+    a pooler with a width field of its own, still expecting the old width)."""
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception as error:  # noqa: BLE001 - any failure refuses the change
+        return f"the pruned model does not run: {type(error).__name__}: {first_line(error)}"
+    return None
+
+
+def matches_stock(model: nn.Module) -> str | None:
+    """None when the class built from ``model.config`` has the same parameters; copies its scalar attributes."""
+    from optkit.io.hf import stock_class
+
+    try:
+        # What from_pretrained does with the written config.json; newer transformers validate it there
+        # (hidden size a multiple of the head count, even with an explicit head_dim), setattr does not.
+        type(model.config).from_dict(model.config.to_dict())
+    except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
+        return f"its config.json would not load: {type(error).__name__}: {first_line(error, lines=2)}"
+    try:
+        with torch.device("meta"):
+            fresh = stock_class(model)(model.config)
+    except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
+        return f"{type(error).__name__}: {first_line(error, lines=2)}"
+    ours = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+    theirs = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
+    for name in sorted(set(ours) | set(theirs)):
+        if ours.get(name) != theirs.get(name):
+            return f"{name}: pruned {ours.get(name)}, stock {theirs.get(name)}"
+    fresh_modules = dict(fresh.named_modules())
+    for name, module in model.named_modules():
+        other = fresh_modules.get(name)
+        if other is None:
+            continue
+        for key, value in vars(module).items():
+            theirs_value = vars(other).get(key)
+            if (not key.startswith("_") and key != "training" and _is_setting(value)
+                    and type(theirs_value) is type(value) and theirs_value != value):
+                setattr(module, key, theirs_value)
+    hidden_size.refresh_derived_buffers(model)
+    return None
+
+
+def _is_setting(value: Any) -> bool:
+    """A scalar or a tuple of scalars (a norm's ``normalized_shape``): a size or setting the class derives."""
+    items = value if isinstance(value, tuple) else (value,)
+    return all(isinstance(v, int | float | str) for v in items)
+
+
+def _default_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
+    import inspect
+
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    vocab = getattr(config, "vocab_size", None)
+    takes = inspect.signature(model.forward).parameters
+    if isinstance(vocab, int) and ("input_ids" in takes or "pixel_values" not in takes):
+        return {"input_ids": torch.randint(0, vocab, (2, 16), generator=generator)}
+    size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", 3)
+    if isinstance(size, int):
+        return {"pixel_values": torch.randn(1, channels, size, size, generator=generator)}
+    raise OptkitError("no example inputs given and the config has neither vocab_size nor image_size; "
+                      "pass example_inputs={...} for model(**example_inputs)")
+
+
+def _summary(model: nn.Module, blocks: list[Block]) -> dict[str, Any]:
+    config = model.config
+    attentions = [a for b in blocks for a in b.attentions]
+    widths = sorted({u.width for b in blocks for u in (*b.mlps, *b.experts)})
+    heads = config_int(config, HEAD_FIELDS)
+    return {
+        "heads": heads,
+        "kv_heads": config_int(config, KV_FIELDS) or heads,
+        "intermediate": widths or [w for n in WIDTH_FIELDS if isinstance(w := getattr(config, n, None), int)],
+        "hidden": config_int(config, HIDDEN_FIELDS),
+        "layers": config_int(config, LAYER_FIELDS),
+        "params": sum(p.numel() for p in model.parameters()),
+        "attention_units": len(attentions),
+    }

@@ -1,0 +1,162 @@
+"""StructuredPrune(target_latency=...): prune to a measured ONNX Runtime latency fraction."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+from torch import nn  # noqa: E402
+
+from optkit.passes.prune.targets import latency as latency_target  # noqa: E402
+from optkit.passes.prune.targets.latency import (AUTO_ROUND_TO, EFFICIENCY_TIE, LATENCY_TOLERANCE, MAX_RETRIES,  # noqa: E402
+                                                PROPOSALS)
+from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
+
+SHAPE = (1, 3, 32, 32)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU()]
+    for _ in range(3):
+        layers += [nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU()]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
+    return nn.Sequential(*layers).eval()
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTKIT_CACHE_DIR", str(tmp_path))
+
+
+def test_the_search_keeps_the_most_macs_per_latency_under_a_stand_in_timer(monkeypatch):
+    # A stand-in timer, deterministic: a candidate's latency fraction is its file size over the original's.
+    def by_size(original, candidates, shape, threads):
+        return [os.path.getsize(c) / os.path.getsize(original) for c in candidates]
+
+    monkeypatch.setattr(latency_target, "_measured_fractions", by_size)
+    result = StructuredPrune(target_latency=0.5, input_shape=SHAPE, latency_threads=1).apply(_model())
+    d = result.details
+    assert abs(d["measured_fraction"] - 0.5) <= LATENCY_TOLERANCE
+    within = [t for t in d["tries"] if abs(t["measured_fraction"] - 0.5) <= LATENCY_TOLERANCE]
+    best = max(t["macs_fraction"] / t["measured_fraction"] for t in within)
+    assert d["macs_fraction"] / d["measured_fraction"] >= best * (1 - EFFICIENCY_TIE) - 1e-6
+    params = sum(p.numel() for p in result.model.parameters()) / sum(p.numel() for p in _model().parameters())
+    assert params == pytest.approx(d["measured_fraction"], abs=0.02)
+    assert result.model(torch.randn(*SHAPE)).shape == (1, 10)
+
+
+@pytest.mark.slow  # about a minute of ONNX Runtime timing; the test above runs the search with a stand-in timer
+def test_latency_target_lands_near_the_measured_fraction():
+    result = StructuredPrune(target_latency=0.5, input_shape=SHAPE, latency_threads=1).apply(_model())
+    d = result.details
+    # The first round tries every proposal at aim 0.5; importance's greedy removal stops at the first
+    # prediction at or under it.
+    first = [t for t in d["tries"] if t["aim"] == 0.5]
+    assert {t["proposal"] for t in first} <= set(PROPOSALS) and first[0]["proposal"] == "importance"
+    assert first[0]["predicted_fraction"] <= 0.5 + 1e-4
+    # The kept try is the most MACs per measured latency among those within 0.05 of the target.
+    within = [t for t in d["tries"] if abs(t["measured_fraction"] - 0.5) <= 0.05]
+    if within:
+        best = max(t["macs_fraction"] / t["measured_fraction"] for t in within)
+        assert d["macs_fraction"] / d["measured_fraction"] >= best * 0.99 - 1e-6
+    assert any(note.startswith("structured_prune: latency ") for note in d["notes"])
+    # Tiny layers at 32x32 take tens of microseconds: on a shared 2-core machine a measured fraction
+    # moves by about 0.1 between runs, so 0.15 is the tolerance (the unpruned model measures 1.0).
+    assert abs(d["measured_fraction"] - 0.5) <= 0.15
+    assert 0.2 < d["macs_fraction"] < 0.8
+    assert 1 <= len(d["tries"]) <= len(PROPOSALS) * (MAX_RETRIES + 1)
+    chosen = next(t for t in d["tries"] if t["proposal"] == d["proposal"]
+                  and t["measured_fraction"] == d["measured_fraction"])
+    assert chosen["macs_fraction"] == pytest.approx(d["macs_fraction"], abs=1e-4)
+    assert d["lut"]["measurements"] > 0
+    out = result.model(torch.randn(*SHAPE))
+    assert out.shape == (1, 10)
+
+
+@pytest.mark.slow  # a whole timed latency search (70 s here); the search itself runs in the test above
+def test_round_to_auto_picks_a_candidate():
+    d = StructuredPrune(target_latency=0.6, round_to="auto", input_shape=SHAPE, latency_threads=1).apply(
+        _model()).details
+    assert d["round_to"] in AUTO_ROUND_TO
+    assert set(d["round_to_scores"]) == {str(r) for r in AUTO_ROUND_TO}
+    assert d["round_to_scores"][str(d["round_to"])] == min(d["round_to_scores"].values())
+
+
+@pytest.mark.parametrize("changes", [{"target_latency": 0.5, "target_macs": 0.5},
+                                     {"target_latency": 0.5, "target_params": 0.5},
+                                     {"round_to": "auto"}, {"target_latency": 1.0}, {"round_to": "fast"},
+                                     {"target_latency": 0.5, "latency_threads": 0}])
+def test_invalid_combinations_raise(changes):
+    with pytest.raises(ValueError):
+        StructuredPrune(**changes)
+
+
+def test_next_aim_scales_then_interpolates():
+    from optkit.passes.prune.targets.allocation import next_aim
+
+    # One try measured 0.4 at predicted 0.5: scale the prediction by 0.5 / 0.4.
+    assert next_aim([(0.5, 0.4)], 0.5) == pytest.approx(0.625)
+    # Tries on both sides: interpolate between them, not scale the last one (which would give 0.5).
+    assert next_aim([(0.5, 0.32), (0.77, 0.74)], 0.5) == pytest.approx(0.5 + 0.27 * 0.18 / 0.42)
+
+
+def _try(proposal: str, measured: float, macs: float, removed: float = 1.0) -> dict:
+    return {"proposal": proposal, "measured_fraction": measured, "macs_fraction": macs,
+            "removed_importance": removed}
+
+
+def test_choice_keeps_the_most_macs_per_measured_latency_within_the_tolerance():
+    from optkit.passes.prune.targets.latency import _choose
+
+    tries = [_try("importance", 0.50, 0.30), _try("macs", 0.53, 0.45), _try("blend", 0.40, 0.44)]
+    # blend has the most MACs per latency (1.1) but is 0.1 from the target; macs (0.85) beats importance (0.6).
+    assert _choose(tries, 0.5)["proposal"] == "macs"
+    # Within 1% of the best efficiency, less importance removed wins.
+    tries = [_try("importance", 0.50, 0.45, removed=2.0), _try("macs", 0.50, 0.4495, removed=1.0)]
+    assert _choose(tries, 0.5)["proposal"] == "macs"
+    # Nothing within the tolerance: the closest measured.
+    tries = [_try("importance", 0.70, 0.60), _try("macs", 0.62, 0.50)]
+    assert _choose(tries, 0.5)["proposal"] == "macs"
+
+
+def test_importance_uniform_and_blend_allocations():
+    from optkit.passes.prune.targets.latency_table import LatencyTable, LayerEntry
+    from optkit.passes.prune.graph.groups import Group
+    from optkit.passes.prune.targets.latency import _allocate, _predicted_fraction, _uniform
+
+    # Two layers in a chain; time proportional to in x out channels (grid at the full and half widths).
+    def entry(cin, cout):
+        return LayerEntry("x", cin, cout, [cin // 2, cin], [cout // 2, cout],
+                          [[cin * cout / 4, cin * cout / 2], [cin * cout / 2, cin * cout]], cin * cout)
+
+    table = LatencyTable({"a": entry(64, 64), "b": entry(64, 128)}, threads=1, batch=1)
+    cheap = Group("a", 64, [float(k) for k in range(65)], outs=["a"], ins=["b"])
+    dear = Group("b", 128, [10.0 * k for k in range(129)], outs=["b"], ins=[])
+    groups = [cheap, dear]
+    uniform = _uniform(table, groups, 0.5, 16)
+    for kept in (uniform, _allocate("importance", table, groups, 0.5, 16)):
+        assert _predicted_fraction(table, groups, kept) <= 0.5 + 1e-9
+    # Uniform keeps the same fraction of both groups (to the nearest multiple of 16).
+    assert abs(uniform[0] / 64 - uniform[1] / 128) <= 16 / 64
+    importance = _allocate("importance", table, groups, 0.5, 16)
+    # Costs in units of in x out channels: full 64 x 64 + 64 x 128 = 12288, aim 6144. Importance spares the
+    # group whose channels matter ten times more and cuts a alone: 64 x 32 + 32 x 128 = 6144. Uniform keeps
+    # the largest common fraction that fits, 0.5 of a and 0.625 of b after rounding: 64 x 32 + 32 x 80 = 4608.
+    assert importance == [32, 128]
+    assert uniform == [32, 80]
+    blend = _allocate("blend", table, groups, 0.5, 16)
+    assert blend == [32, 96]  # halfway (32, 104), to the nearest multiple of 16 (ties to even)
+
+
+def test_finalists_are_the_tries_within_the_tolerance_and_each_proposals_closest():
+    from optkit.passes.prune.targets.latency import _finalists
+
+    tries = [_try("importance", 0.40, 0.3), _try("macs", 0.60, 0.5), _try("blend", 0.53, 0.4),
+             _try("importance", 0.47, 0.35), _try("macs", 0.58, 0.45), _try("blend", 0.51, 0.42)]
+    # Within 0.05: indices 3 (0.47) and 5 (0.51), and 2 (0.53); macs's closest is 4 (0.58).
+    assert _finalists(tries, 0.5) == [2, 3, 4, 5]
