@@ -57,6 +57,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     from optkit import workflow
     from optkit.analysis.report import print_report
     from optkit.io import models
+    from optkit.core.progress import show_progress
     from optkit.runtime.distributed import init_distributed, is_main_process
 
     console = Console(stderr=True)
@@ -75,8 +76,9 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
     def on_pass(index: int, total: int, name: str) -> None:
         console.print(f"[{index + 1}/{total}] running {name}")
 
-    report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, latency=latency,
-                               evaluation=evaluation, resume=bool(flags.get("resume")))
+    with show_progress(lambda line: console.print(f"  {line}", markup=False, highlight=False)):
+        report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, latency=latency,
+                                   evaluation=evaluation, resume=bool(flags.get("resume")))
     if is_main_process():
         print_report(report, Console())
         plot = ", channels.png" if report.get("layers") else ""

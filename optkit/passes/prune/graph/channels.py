@@ -101,8 +101,8 @@ class PruneSpec:
         """
         import torch
 
-        from optkit.analysis.metrics import eval_mode
         from optkit.kinds import call_with, example_inputs, kind_of
+        from optkit.model.state import eval_mode
 
         inputs = example_inputs(model, self.input_shape)
         submodule = self.submodule if self.submodule is not None else kind_of(model).prune_root(model)
@@ -153,15 +153,17 @@ def prune_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any
         ValueError: for a layer pattern or sub-module that matches nothing, or
             settings a transformer's pruning does not take.
     """
-    from optkit.analysis.metrics import count_macs
     from optkit.kinds import example_inputs
+    from optkit.model.stats import count_macs
     from optkit.passes.prune.graph import pruner as _engine
     from optkit.passes.prune.graph import fallback as _fallback
     from optkit.passes.prune.graph import limits as _limits
     from optkit.passes.prune.hf import describes_transformer
 
     if spec.submodule is None and describes_transformer(model):
-        return _prune_transformer(model, spec, widths)
+        from optkit.passes.prune.hf.entry import prune_transformer_to
+
+        return prune_transformer_to(model, spec, widths)
     if spec.drop_blocks:
         raise ValueError("drop_blocks removes blocks of a Hugging Face transformer (a model with a config and "
                          "repeated blocks); this model is not one")
@@ -219,7 +221,7 @@ def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths) -
     import copy
     import dataclasses
 
-    from optkit.analysis.metrics import detach_caches
+    from optkit.model.state import detach_caches
     from optkit.passes.prune.hf import config_heads
     from optkit.passes.prune.hf import config_widths
 
@@ -257,72 +259,6 @@ def skipped_layers(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[st
     return _engine.prune_tree(root, inputs, options, held, overrides, submodule=submodule, dry_run=True)
 
 
-def _prune_transformer(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any]:
-    """Whole heads (KV groups kept whole), MLP channels and blocks, uniform across blocks, config updated.
-
-    The stock ``transformers`` class still describes the result, so it is
-    saved with ``save_pretrained`` and reloads with ``from_pretrained``.
-    """
-    import copy
-
-    from optkit.kinds import example_inputs
-    from optkit.passes.prune.hf import prune_transformer
-    from optkit.passes.prune.hf.calibration import input_norms
-    from optkit.passes.prune.hf.refit import refit_narrowed_layers
-
-    ratio = widths.ratio
-    unsupported = [name for name, value in (("ignored_layers", spec.ignored_layers),
-                                            ("layer_ratios", widths.per_group),
-                                            ("allocation", widths.global_),
-                                            ("importance", spec.importance not in ("l1", "activation")),
-                                            ("iterative_steps", widths.steps != 1)) if value]
-    if unsupported:
-        raise ValueError(f"{', '.join(unsupported)} apply to channel pruning with torch-pruning; a transformer's "
-                         "heads, MLP channels and blocks are pruned uniformly by weight norm (importance l1) "
-                         "or by weight x activation norm (importance activation): leave the others at their "
-                         "defaults (or set submodule to prune a part of it channel by channel)")
-    inputs = example_inputs(model, spec.input_shape)
-    keywords = dict(inputs.kwargs) or {getattr(model, "main_input_name", "input"): inputs.first()}
-    keywords.pop("use_cache", None)
-    batches = _calibration_text(model, spec)
-    if spec.importance == "activation" and batches is None:
-        raise ValueError("importance 'activation' measures activations on calibration text: give data as a text "
-                         "spec (text, text:FILE or text:DIR)")
-    activations = input_norms(model, batches) if spec.importance == "activation" else None
-    original = copy.deepcopy(model) if batches is not None and spec.bias_correction else None
-    heads_ratio = ratio if widths.heads_ratio is None else widths.heads_ratio
-    result = prune_transformer(model, heads_ratio=heads_ratio, mlp_ratio=ratio, drop_blocks=spec.drop_blocks,
-                               example_inputs=keywords, round_to=widths.round_to, activations=activations)
-    refitted = refit_narrowed_layers(original, model, batches) if original is not None else []
-    before, after = result["before"], result["after"]
-    notes = [f"structured_prune {line}" for line in result["skipped"]]
-    if before["heads"] and after["heads"] != before["heads"]:
-        removed = 1 - after["heads"] / before["heads"]
-        if abs(removed - heads_ratio) > 0.05:
-            notes.append(f"structured_prune removed {before['heads'] - after['heads']} of {before['heads']} "
-                         f"attention heads ({removed:.2f}, asked {heads_ratio:g}): heads go in whole key/value groups "
-                         f"({before['kv_heads']} here), so the share was rounded")
-    if refitted:
-        notes.append(f"structured_prune refitted {len(refitted)} layer(s) that lost inputs (attention output and "
-                     "MLP down projections) by least squares on the calibration text")
-    return {"ratio": ratio, "importance": spec.importance, "refitted_layers": refitted, "transformer": result,
-            "pruned_layers": after["attention_units"],
-            "skipped_layers": {}, "notes": notes}
-
-
-def _calibration_text(model: nn.Module, spec: PruneSpec) -> list[dict[str, Any]] | None:
-    """The transformer's calibration batches: ``calibration``, or ``calibration_batches`` batches of text blocks
-    from ``data`` (a text spec), each as long as the example inputs; ``None`` without either."""
-    from optkit.data.specs import is_text
-    from optkit.passes.prune.hf.calibration import text_batches
-
-    if spec.calibration is not None:
-        return list(spec.calibration)
-    if spec.data is None or not is_text(spec.data):
-        return None
-    return text_batches(model, spec.data, spec.input_shape[-1], spec.calibration_batches, spec.batch_size)
-
-
 def _taylor_gradients(spec: PruneSpec):
     batches = spec.calibration if spec.calibration is not None else _data_batches(spec)
 
@@ -330,7 +266,7 @@ def _taylor_gradients(spec: PruneSpec):
         import torch
         import torch.nn.functional as F
 
-        from optkit.analysis.metrics import model_device
+        from optkit.kinds import model_device
 
         device = model_device(model)
         model.zero_grad(set_to_none=True)
@@ -367,7 +303,7 @@ def _adopt(model: nn.Module, pruned: nn.Module) -> None:
 
 
 def _conv_linear_names(root: nn.Module) -> list[str]:
-    from optkit.analysis.metrics import prunable_weights
+    from optkit.model.stats import prunable_weights
 
     return [name for name, _ in prunable_weights(root)]
 

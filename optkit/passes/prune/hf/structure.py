@@ -247,7 +247,7 @@ def trace(model: nn.Module, inputs: dict[str, Any], blocks: list[Block]) -> dict
         for name, module in block.module.named_modules():
             weight = getattr(module, "weight", None)
             if isinstance(weight, torch.Tensor) and weight.dim() == 2 and not isinstance(module, nn.Embedding):
-                hook = _record(calls[id(block.module)], seen, module, f"{block.path}.{name}")
+                hook = record_layer(calls[id(block.module)], seen, module, f"{block.path}.{name}")
                 handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad():
@@ -266,7 +266,7 @@ def _capture(block: Block) -> Callable:
     return hook
 
 
-def _record(calls: list, seen: set[int], module: nn.Module, name: str) -> Callable:
+def record_layer(calls: list, seen: set[int], module: nn.Module, name: str) -> Callable:
     def hook(mod, args, output):
         if id(mod) in seen or not args or not isinstance(output, torch.Tensor):
             return

@@ -92,16 +92,21 @@ def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: 
     if mlp_ratio > 0:
         _prune_mlps(model, blocks, mlp_ratio, round_to, activations, skipped, commit)
     if hidden_ratio:
-        _prune_hidden(model, blocks, hidden, _kept_width(hidden, hidden_ratio, round_to), stream, skipped, commit)
+        _prune_hidden(model, blocks, hidden, kept_width(hidden, hidden_ratio, round_to), stream, skipped, commit)
     model.train(was_training)
     return {"before": before, "after": _summary(model, blocks), "dropped_blocks": dropped, "skipped": skipped}
 
 
 def describes_transformer(model: nn.Module) -> bool:
-    """Whether :func:`prune_transformer` can take ``model``: a config with an int hidden size and head count, and
-    a ``ModuleList`` of repeated blocks."""
-    config = getattr(model, "config", None)
-    if config is None or config_int(config, HIDDEN_FIELDS) is None or config_int(config, HEAD_FIELDS) is None:
+    """Whether :func:`prune_transformer` can take ``model``: a Hugging Face model
+    (:func:`optkit.kinds.is_hf_pretrained`) whose config has an int hidden size and head count, with a
+    ``ModuleList`` of repeated blocks."""
+    from optkit.kinds import is_hf_pretrained
+
+    if not is_hf_pretrained(model):
+        return False
+    config = model.config
+    if config_int(config, HIDDEN_FIELDS) is None or config_int(config, HEAD_FIELDS) is None:
         return False
     return bool(find_block_lists(model))
 
@@ -159,8 +164,8 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
                 kept_q = [sorted(q_score[i].topk(keep).indices.tolist()) for i in range(kv)]
             attention.select(kept_kv, kept_q)
         config = model.config
-        _set_by_value(config, HEAD_FIELDS, heads, new_heads)
-        _set_by_value(config, KV_FIELDS, kv, new_kv)
+        set_by_value(config, HEAD_FIELDS, heads, new_heads)
+        set_by_value(config, KV_FIELDS, kv, new_kv)
         if new_hidden is not None:
             hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS,
                                every_equal_field=every_equal_field)
@@ -223,7 +228,7 @@ def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: i
     widths = sorted({u.width for u in units})
     if not units:
         return
-    new = {w: _kept_width(w, ratio, round_to) for w in widths}
+    new = {w: kept_width(w, ratio, round_to) for w in widths}
 
     def cut() -> None:
         for unit in units:
@@ -233,7 +238,7 @@ def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: i
             else:
                 unit.select(expert_scores(unit).topk(keep, dim=1).indices.sort(dim=1).values)
         for old, kept in new.items():
-            _set_width(model.config, old, kept)
+            set_width(model.config, old, kept)
 
     def what() -> str:
         return "MLP widths " + ", ".join(f"{w}->{k}" for w, k in new.items())
@@ -251,7 +256,8 @@ def _prune_mlps(model: nn.Module, blocks: list[Block], ratio: float, round_to: i
     skipped += refusals
 
 
-def _kept_width(width: int, ratio: float, round_to: int) -> int:
+def kept_width(width: int, ratio: float, round_to: int) -> int:
+    """The width kept when ``ratio`` of ``width`` goes, rounded to ``round_to`` (never all, never none)."""
     exact = width * (1 - ratio)
     rounded = max(round_to, round(exact / round_to) * round_to)
     if rounded < width:
@@ -259,13 +265,13 @@ def _kept_width(width: int, ratio: float, round_to: int) -> int:
     return max(1, min(width - 1, math.floor(exact)))
 
 
-def _set_width(config: Any, old: int, new: int) -> None:
+def set_width(config: Any, old: int, new: int) -> None:
     """Set the config's MLP width ``old`` to ``new``: the width field holding it (or an unset one), else a float
     field that gives it as a multiple of the hidden size (an ``mlp_ratio``), which is set to ``new / hidden``."""
     present = [getattr(config, name) for name in WIDTH_FIELDS if hasattr(config, name)]
     hidden = config_int(config, HIDDEN_FIELDS)
     if old in present or None in present or not hidden:
-        _set_by_value(config, WIDTH_FIELDS, old, new, fill_none=True)
+        set_by_value(config, WIDTH_FIELDS, old, new, fill_none=True)
         return
     counts = set(HEAD_FIELDS) | set(KV_FIELDS) | set(LAYER_FIELDS) | set(HIDDEN_FIELDS)
     multiples = [key for key, value in config.to_dict().items()
@@ -281,7 +287,8 @@ def _set_width(config: Any, old: int, new: int) -> None:
             setattr(config, multiples[0], new // hidden)
 
 
-def _set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_none: bool = False) -> None:
+def set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_none: bool = False) -> None:
+    """Set every field of ``names`` that holds ``old`` to ``new`` (or, with ``fill_none``, the first unset one)."""
     present = [n for n in names if hasattr(config, n)]
     matched = [n for n in present if getattr(config, n) == old]
     if not matched and fill_none:

@@ -33,6 +33,8 @@ HEAD_SHARES = (0.0, 0.125, 0.25, 0.375, 0.5)
 VAL_BLOCKS = 64
 #: The MLP share is capped here: a block keeps at least a few channels.
 MAX_MLP_SHARE = 0.9
+#: Seconds the block-by-block mix search may spend scoring its plans (it chooses how many validation rows).
+SCORE_BUDGET_S = 60.0
 
 
 @handles(MixTarget)
@@ -46,8 +48,8 @@ def search(target: MixTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
         perplexity on text, top-1 error on images).
     """
     from optkit.analysis.evaluation import EvalSettings, load_eval_set, score, torch_logits
-    from optkit.analysis.metrics import count_macs, count_params
     from optkit.data.specs import is_text
+    from optkit.model.stats import count_macs, count_params
 
     def measure(m: nn.Module) -> int:
         return count_macs(m, spec.input_shape) if target.measured == "macs" else count_params(m)
@@ -117,3 +119,87 @@ def _intermediate(model: nn.Module) -> int | None:
 
     return next((getattr(model.config, f) for f in WIDTH_FIELDS if isinstance(getattr(model.config, f, None), int)),
                 None)
+
+
+def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, structure: Any, val: Any,
+                      measure: Any, original: int) -> PassResult:
+    """The mix search in bounded memory: plans sized on the meta device, scored together in one pass over the
+    blocks (:func:`~optkit.passes.prune.hf.candidates.score_plans`), the best cut in place."""
+    import torch
+
+    from optkit.passes.prune.hf import blockwise
+    from optkit.passes.prune.hf.candidates import score_plans, val_rows
+    from optkit.passes.prune.hf.entry import calibration_text, prune_to_plan
+
+    plans = mix_plans(model, structure, target)
+    if not plans:
+        raise ValueError(f"no mix of heads and MLP channels reaches {target.measured} {target.fraction:g} within "
+                         f"{max(target.tolerance, 0.02):g}; use allocation uniform")
+    calibration = calibration_text(model, spec)
+    refit = calibration is not None and spec.bias_correction
+    device = blockwise.device_of(model)
+    inputs = val.model_inputs()
+    ids, mask = inputs.kwargs["input_ids"], inputs.kwargs["attention_mask"]
+    rows = val_rows(model, structure, calibration, len(plans), len(ids), SCORE_BUDGET_S, device)
+    with torch.no_grad():
+        perplexities = score_plans(model, structure, [plan for plan, _ in plans], calibration,
+                                   {"input_ids": ids[:rows], "attention_mask": mask[:rows]}, val.targets[:rows],
+                                   importance=spec.importance, refit=refit, device=device)
+    attention = structure.attentions[0]
+    candidates = [{"heads": plan.heads(), "kv_heads": plan.kv_keep, "intermediate": sorted(plan.mlp_keep.values()),
+                   "planned_fraction": round(planned, 4), "val_loss": round(ppl, 4)}
+                  for (plan, planned), ppl in zip(plans, perplexities, strict=True)]
+    best = min(range(len(plans)), key=lambda i: perplexities[i])
+    plan = plans[best][0]
+    details = prune_to_plan(model, spec, plan, structure, calibration, refit=refit)
+    achieved = measure(model) / original
+    details.update({"allocation": "mix", "target": target.measured, "target_fraction": target.fraction,
+                    "achieved_fraction": round(achieved, 4), "val_measure": "perplexity", "val_rows": rows,
+                    "candidates": candidates, "heads_ratio": 1 - plan.heads() / attention.heads})
+    details["notes"].append(
+        f"structured_prune kept {plan.heads()} heads ({plan.kv_keep} key/value groups) and "
+        f"{', '.join(map(str, sorted(plan.mlp_keep.values())))} MLP channels per block ({target.measured} "
+        f"{achieved:.3f}): the lowest validation perplexity ({perplexities[best]:.3f}, on {rows} rows) of "
+        f"{len(plans)} mixes of heads and MLP channels")
+    return PassResult(model, details)
+
+
+def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple[Any, float]]:
+    """The plans tried: for each head option (none removed; the options nearest :data:`HEAD_SHARES`; every
+    whole key/value group option up to half the heads), the MLP width that meets the target, sized on the meta
+    device; ``(plan, planned fraction)`` for those within the target's tolerance (at least 0.02)."""
+    from optkit.passes.prune.hf.blockwise import Plan, check_plan, full_plan, head_options, planned_size
+
+    attention = structure.attentions[0]
+    heads, kv = attention.heads, attention.kv_heads
+    whole = full_plan(structure)
+    options = [(kv, attention.groups)]
+    valid = [o for o in head_options(heads, kv) if 1 - o[0] * o[1] / heads <= max(HEAD_SHARES)
+             and check_plan(model, Plan(o[0], o[1], whole.mlp_keep), structure) is None]
+    for share in HEAD_SHARES[1:]:
+        if valid:
+            options.append(min(valid, key=lambda o: (abs(1 - o[0] * o[1] / heads - share), -o[0])))
+    options += [o for o in valid if o[1] == attention.groups]
+    options = list(dict.fromkeys(options))
+    size = {"full": planned_size(model, whole, structure, target.measured)}
+    goal = target.fraction * size["full"]
+    tolerance = max(target.tolerance, 0.02)
+    plans = []
+    for kv_keep, q_keep in options:
+        at_full = planned_size(model, Plan(kv_keep, q_keep, whole.mlp_keep), structure, target.measured)
+        half = {w: w // 2 for w in whole.mlp_keep}
+        at_half = planned_size(model, Plan(kv_keep, q_keep, half), structure, target.measured)
+        per_channel = (at_full - at_half) / sum(w - h for w, h in zip(whole.mlp_keep, half.values(), strict=True))
+        removed = (at_full - goal) / per_channel if per_channel > 0 else 0.0
+        total = sum(whole.mlp_keep)
+        share = min(max(removed / total, 0.0), MAX_MLP_SHARE)
+        from optkit.passes.prune.hf.transformer import kept_width
+
+        kept = {w: kept_width(w, share, target.round_to) if share > 0 else w for w in whole.mlp_keep}
+        plan = Plan(kv_keep, q_keep, kept)
+        if check_plan(model, plan, structure) is not None:
+            continue
+        planned = planned_size(model, plan, structure, target.measured) / size["full"]
+        if abs(planned - target.fraction) <= tolerance:
+            plans.append((plan, planned))
+    return plans

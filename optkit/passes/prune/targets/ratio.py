@@ -68,7 +68,7 @@ def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_
         the ``round_to`` used and every ``tries`` entry, plus the chosen run's
         details.
     """
-    from optkit.analysis.metrics import count_macs, count_params
+    from optkit.model.stats import count_macs, count_params
 
     kind, goal = target.measured, target.fraction
 
@@ -104,21 +104,71 @@ def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_
 
 def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Module,
                         fraction: Callable[[nn.Module], float], tries: list) -> PassResult:
-    """A transformer is cut uniformly (whole heads, one MLP width for every block), so only the ratio is searched,
-    by weight norm alone (the sizes do not depend on the ranking or the refit); the found ratio is then pruned
-    once with the pass's own importance and calibration."""
+    """A transformer is cut uniformly (whole heads, one MLP width for every block), so only the ratio is searched.
+
+    Where the block-by-block prune takes the model, each ratio's size is read from the stock class built on
+    the meta device from the config that ratio gives (nothing is pruned, nothing copied), and the found ratio
+    is then pruned once, in place. Otherwise copies are pruned by weight norm alone (the sizes do not depend on
+    the ranking or the refit), and the found ratio is pruned once with the pass's own importance and calibration.
+    """
     import dataclasses
 
-    light = dataclasses.replace(spec, importance="l1", bias_correction=False, calibration=None, data=None)
-    achieved, _, _, round_to = _bracket(light, model, target, target.round_to, fraction, tries)
-    ratio = min(tries, key=lambda t: abs(t["achieved_fraction"] - target.fraction))["ratio"]
-    pruned = copy.deepcopy(model)
+    from optkit.passes.prune.hf.entry import example_keywords, first_block
+
+    structure = None if spec.drop_blocks else first_block(model, example_keywords(model, spec))
+    if structure is not None:
+        ratio, round_to = _planned_ratio(target, model, structure, tries)
+        pruned = model
+    else:
+        light = dataclasses.replace(spec, importance="l1", bias_correction=False, calibration=None, data=None)
+        _, _, _, round_to = _bracket(light, model, target, target.round_to, fraction, tries)
+        ratio = min(tries, key=lambda t: abs(t["achieved_fraction"] - target.fraction))["ratio"]
+        pruned = copy.deepcopy(model)
     details = prune_to(pruned, spec, spec.uniform(ratio, round_to))
+    achieved = fraction(pruned)
     details.update({"target": target.measured, "target_fraction": target.fraction,
-                    "achieved_fraction": round(fraction(pruned), 4), "round_to": round_to, "tries": tries})
+                    "achieved_fraction": round(achieved, 4), "round_to": round_to, "tries": tries})
     details.setdefault("notes", []).extend(
         target_notes(target, achieved, round_to, len(tries), "heads go whole and every block keeps the same widths"))
     return PassResult(pruned, details)
+
+
+def _planned_ratio(target: FractionTarget, model: nn.Module, structure: Any, tries: list) -> tuple[float, int]:
+    """The ratio whose uniform plan comes closest to ``target``, sizes read from the stock class on meta."""
+    from optkit.passes.prune.hf.blockwise import full_plan, planned_size, uniform_plan
+
+    original = planned_size(model, full_plan(structure), structure, target.measured)
+    sizes: dict[Any, float] = {}
+
+    def planned(ratio: float, round_to: int) -> float:
+        plan, _ = uniform_plan(model, structure, ratio, ratio, round_to)
+        if plan is None:
+            return 1.0
+        key = (plan.kv_keep, plan.q_keep, tuple(sorted(plan.mlp_keep.items())))
+        if key not in sizes:
+            sizes[key] = planned_size(model, plan, structure, target.measured) / original
+        return sizes[key]
+
+    round_to = target.round_to
+    while True:
+        low, high = (0.0, 1.0), (MAX_RATIO, planned(MAX_RATIO, round_to))
+        best = None
+        for _ in range(MAX_TRIES * 2):
+            ratio = _next_ratio(low, high, target.fraction)
+            achieved = planned(ratio, round_to)
+            tries.append({"ratio": ratio, "round_to": round_to, "planned_fraction": round(achieved, 4),
+                          "achieved_fraction": round(achieved, 4)})
+            if best is None or abs(achieved - target.fraction) < abs(best[1] - target.fraction):
+                best = (ratio, achieved)
+            if abs(achieved - target.fraction) <= target.tolerance or high[0] - low[0] < 1e-3:
+                break
+            if achieved > target.fraction:
+                low = (ratio, achieved)
+            else:
+                high = (ratio, achieved)
+        if abs(best[1] - target.fraction) <= target.tolerance or round_to == 1:
+            return best[0], round_to
+        round_to = max(1, round_to // 2)
 
 
 def _is_transformer(spec: PruneSpec, model: nn.Module) -> bool:
@@ -175,8 +225,8 @@ def _even_fill(spec: PruneSpec, model: nn.Module, target: FractionTarget, round_
     corrected by the fraction each try achieves (at most
     :data:`~optkit.passes.prune.targets.allocation.MAX_CORRECTIONS` times). ``None`` when no group can shrink.
     """
-    from optkit.passes.prune.targets.allocation import MAX_CORRECTIONS, next_aim, shrink
     from optkit.passes.prune.graph.groups import prunable_groups, ratios_for
+    from optkit.passes.prune.targets.allocation import MAX_CORRECTIONS, next_aim, shrink
     from optkit.passes.prune.targets.latency_table import layer_specs
 
     goal = target.fraction

@@ -1,0 +1,133 @@
+"""Block-by-block pruning: fp32 statistics on any checkpoint dtype, the refit, grouped-query head options."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from optkit.passes.prune.hf import blockwise  # noqa: E402
+from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
+
+VOCAB = 300
+
+
+def _qwen(seed: int = 0, layers: int = 3) -> torch.nn.Module:
+    """14 query heads sharing 2 KV heads (Qwen2.5-0.5B's grouping), hidden 112, head width 16."""
+    config = transformers.Qwen2Config(hidden_size=112, num_attention_heads=14, num_key_value_heads=2, head_dim=16,
+                                      intermediate_size=288, num_hidden_layers=layers, vocab_size=VOCAB,
+                                      tie_word_embeddings=True, max_position_embeddings=128)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    # Random init gives every head the same scale; uneven scales make the choice of heads mean something.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(torch.linspace(0.2, 2.0, 14).repeat_interleave(16)[:, None])
+            layer.mlp.up_proj.weight.mul_(torch.rand(288, 1) + 0.25)
+    return model
+
+
+def _batches(count: int = 3, seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(0, VOCAB, (4, 24), generator=generator),
+             "attention_mask": torch.ones(4, 24, dtype=torch.long)} for _ in range(count)]
+
+
+PLAN = blockwise.Plan(kv_keep=2, q_keep=4, mlp_keep={288: 192})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_checkpoint_is_cut_exactly_where_its_fp32_copy_is(dtype):
+    half = _qwen().to(dtype)
+    fp32_copy = copy.deepcopy(half).float()  # the same weights, exactly
+    for model in (half, fp32_copy):
+        blockwise.prune_blockwise(model, PLAN, _batches(), importance="activation")
+    assert next(half.parameters()).dtype == dtype
+    assert next(fp32_copy.parameters()).dtype == torch.float32
+    pruned_half, pruned_fp32 = dict(half.named_parameters()), dict(fp32_copy.named_parameters())
+    assert pruned_half.keys() == pruned_fp32.keys()
+    for name, param in pruned_half.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            # Refitted in fp32/fp64 from the same statistics, then rounded to the checkpoint's dtype.
+            assert torch.equal(param, pruned_fp32[name].to(dtype)), name
+        else:
+            # Kept rows and columns are copies: the same ones were chosen.
+            assert torch.equal(param.float(), pruned_fp32[name]), name
+
+
+def test_the_half_precision_layout_check_finds_every_unit():
+    model = _qwen().to(torch.bfloat16)
+    blocks = blockwise.chained_blocks(model)
+    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
+                                      torch.device("cpu"))
+    assert structure.skipped == []
+    assert len(structure.attentions) == 1 and len(structure.mlps) == 1
+    assert structure.attentions[0].kv_heads == 2 and structure.attentions[0].heads == 14
+
+
+def test_query_heads_go_from_every_group_and_the_stock_class_reloads_it(tmp_path):
+    model = _qwen()
+    blockwise.prune_blockwise(model, blockwise.Plan(kv_keep=2, q_keep=5, mlp_keep={288: 288}), _batches())
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (10, 2)
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (10 * 16, 112)
+    assert model.model.layers[0].self_attn.k_proj.weight.shape == (2 * 16, 112)
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    batch = _batches(1, seed=5)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_head_options_remove_whole_groups_or_the_same_query_heads_from_every_group():
+    options = blockwise.head_options(14, 2)
+    assert (1, 7) in options  # one whole group
+    assert {(2, q) for q in range(1, 7)} <= set(options)  # query heads from both groups, groups kept
+    assert (2, 7) not in options  # removes nothing
+    assert options[0] == (2, 6)  # the smallest cut first
+    assert blockwise.head_options(8, 8) == [(k, 1) for k in range(7, 0, -1)]  # multi-head: one head a group
+
+
+def test_the_refit_error_is_the_measured_output_error():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(12, 5, bias=False)
+    x = torch.randn(400, 12) @ torch.randn(12, 12)  # correlated inputs
+    weight = layer.weight.detach().clone()
+    kept = torch.tensor([0, 2, 3, 7, 8, 11])
+    gram = x.double().t() @ x.double()
+    narrowed = torch.nn.Linear(6, 5, bias=False)
+    unit = blockwise.Layer(narrowed, "layer", 6, 5, 0)
+    error = blockwise.refit_layer(unit, weight, kept, gram)
+    with torch.no_grad():
+        target = x @ weight.t()
+        measured = (x[:, kept] @ narrowed.weight.t() - target).pow(2).sum() / target.pow(2).sum()
+        dropped_only = (x[:, kept] @ weight[:, kept].t() - target).pow(2).sum() / target.pow(2).sum()
+    assert error == pytest.approx(measured.item(), rel=1e-4)
+    assert measured < 0.5 * dropped_only  # the refit recovers much of what the dropped inputs gave
+
+
+def test_a_plan_the_stock_class_cannot_describe_changes_nothing():
+    model = _qwen()
+    blocks = blockwise.chained_blocks(model)
+    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
+                                      torch.device("cpu"))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    problem = blockwise.check_plan(model, blockwise.Plan(kv_keep=2, q_keep=7, mlp_keep={999: 10}), structure)
+    assert problem is None  # a width no MLP has is not cut
+    with pytest.raises(Exception, match="stock class"):
+        blockwise.prune_blockwise(model, blockwise.Plan(kv_keep=2, q_keep=8, mlp_keep={}), _batches(1))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert model.config.num_attention_heads == 14
+
+
+def test_a_parameter_target_on_a_grouped_query_model_is_met_without_losing_a_kv_group():
+    model = _qwen(layers=2)
+    before = sum(p.numel() for p in model.parameters())
+    prune = StructuredPrune(target_params=0.8, round_to=8, input_shape=(2, 24), allocation="uniform")
+    pruned = prune(model)
+    after = sum(p.numel() for p in pruned.parameters())
+    assert after / before == pytest.approx(0.8, abs=0.02)
+    assert pruned.config.num_key_value_heads == 2
+    assert pruned.config.num_attention_heads < 14
