@@ -178,4 +178,8 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     "runs/ddp": (
         "tests/passes/finetune/test_distributed.py::test_two_cpu_processes_end_with_identical_weights",
         "tests/passes/finetune/test_distributed.py::test_torchrun_prune_and_finetune_writes_once"),
+    "torchrun --nproc_per_node 8 -m optkit optimize hf:models/llama-8b --prune 0.3 --finetune text --distill "
+    "--sharding fsdp --out runs/llm-fsdp": (
+        "tests/passes/finetune/test_fsdp.py::test_fsdp_distillation_on_two_processes_matches_one",
+        "tests/passes/finetune/test_fsdp.py::test_torchrun_prune_and_distill_with_fsdp_writes_a_stock_folder"),
 }

@@ -3,8 +3,12 @@
 A checkpoint holds the weights, the optimizer, schedule and gradient-scaler
 states, the RNG states, the :class:`RunState` and the best weights so far, all
 as tensors and plain values, so it loads with ``weights_only=True``. It also
-records the settings that decide where a run ends (:data:`RESUME_KEYS`) and
-the world size; resuming with different ones is refused.
+records the settings that decide where a run ends (:data:`RESUME_KEYS`), the
+world size and the sharding; resuming with different ones is refused. Under
+FSDP the weights and optimizer state are gathered whole onto rank 0's CPU
+before it writes them (:func:`~optkit.runtime.fsdp.gathered_states`): its
+``model`` is a whole state dict whatever the sharding (the optimizer state is
+keyed by parameter name there, by index under DDP).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch import nn
 from optkit.core.errors import ModelLoadError, TrainingError, UntrustedPickleError
 from optkit.core.files import atomic_path
 from optkit.io.models import read_checkpoint
+from optkit.runtime.fsdp import gathered_states, load_states
 
 CHECKPOINT_FORMAT = "optkit.train-checkpoint"
 #: Settings a resumed run must share with the run that wrote the checkpoint, or it would not end in the same place.
@@ -59,17 +64,20 @@ class RunState:
         self.loss_sum, self.correct, self.samples = 0.0, 0, 0
 
 
-def run_identity(settings: Any, world: int) -> dict[str, Any]:
+def run_identity(settings: Any, world: int, sharding: str = "ddp") -> dict[str, Any]:
     """The settings a checkpoint records and a resumed run must match.
 
     Args:
         settings: the :class:`~optkit.passes.finetune.passes.FineTune` settings of the run.
         world: the number of processes.
+        sharding: how the run trains, ``ddp`` or ``fsdp`` (``auto`` resolved).
 
     Returns:
-        ``{key: value}`` for each of :data:`RESUME_KEYS` (``None`` for one ``settings`` lacks), and ``world_size``.
+        ``{key: value}`` for each of :data:`RESUME_KEYS` (``None`` for one ``settings`` lacks), ``world_size``
+        and ``sharding``.
     """
-    return {key: _plain(getattr(settings, key, None)) for key in RESUME_KEYS} | {"world_size": world}
+    return {key: _plain(getattr(settings, key, None)) for key in RESUME_KEYS} | {"world_size": world,
+                                                                                  "sharding": sharding}
 
 
 def _plain(value: Any) -> Any:
@@ -85,26 +93,34 @@ class Checkpoints:
         identity: :func:`run_identity` of this run.
         rank: this process's rank (only rank 0 writes).
         model, optimizer, scheduler, scaler: the objects whose states are saved and restored.
+        sharded: ``model`` is sharded with FSDP; every rank must then call :meth:`save`, which gathers.
 
     Attributes:
         saved: whether the file holds a checkpoint of this run (written or resumed from).
     """
 
     def __init__(self, path: str | None, identity: dict[str, Any], *, rank: int, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler):
+                 optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+                 sharded: bool = False):
         self.path, self.identity, self.rank = path, identity, rank
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.sharded = sharded
         self.saved = False
 
     def save(self, state: RunState) -> None:
         """Write the checkpoint atomically (rank 0 only; nothing without a path)."""
-        if not self.path or self.rank != 0:
+        if not self.path or (self.rank != 0 and not self.sharded):
+            return
+        # Under FSDP every rank takes part in gathering the states whole; rank 0 alone writes them.
+        model_state, optimizer_state = (gathered_states(self.model, self.optimizer) if self.sharded
+                                        else (self.model.state_dict(), self.optimizer.state_dict()))
+        if self.rank != 0:
             return
         payload = {
             "format": CHECKPOINT_FORMAT,
             "settings": self.identity,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optimizer_state,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "rng": {"torch": torch.get_rng_state(),
@@ -130,11 +146,14 @@ class Checkpoints:
             return RunState()
         payload = self._read()
         try:
-            self.model.load_state_dict(payload["model"])
+            if self.sharded:
+                load_states(self.model, self.optimizer, payload["model"], payload["optimizer"])
+            else:
+                self.model.load_state_dict(payload["model"])
+                self.optimizer.load_state_dict(payload["optimizer"])
         except RuntimeError as e:
             raise TrainingError(f"cannot resume from {self.path}: its weights do not fit this model "
                                 "(was it pruned differently?); remove it to start over") from e
-        self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         self.scaler.load_state_dict(payload["scaler"])
         torch.set_rng_state(payload["rng"]["torch"])
@@ -156,7 +175,8 @@ class Checkpoints:
         if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
             raise TrainingError(f"cannot resume: {self.path} is not an optkit training checkpoint; "
                                 "remove it or give another checkpoint file")
-        written = payload.get("settings", {})
+        # Checkpoints written before FSDP came record no sharding: they were DDP's.
+        written = {"sharding": "ddp"} | payload.get("settings", {})
         different = [k for k, v in self.identity.items() if written.get(k) != v]
         if different:
             found = ", ".join(f"{k}={written[k]!r}" if k in written else f"no {k} recorded" for k in different)

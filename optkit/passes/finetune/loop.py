@@ -13,8 +13,10 @@ one declaration of every training setting), or any object with the same
 attributes.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1) it trains with DistributedDataParallel
-(:mod:`~optkit.runtime.distributed`); every rank must call it with the
-same model, data and settings, and only rank 0 writes checkpoints.
+(:mod:`~optkit.runtime.distributed`), or, for a model that does not fit one
+device, a copy sharded with FSDP2 (:mod:`~optkit.runtime.fsdp`; the
+``sharding`` setting chooses); every rank must call it with the same model,
+data and settings, and only rank 0 writes checkpoints.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from optkit.passes.device.passes import resolve_device
 from optkit.passes.finetune.checkpoints import Checkpoints, RunState, run_identity
 from optkit.runtime.distributed import (all_finite, all_reduce_sum, broadcast_buffers, init_distributed,
                                         rank_and_world, wrap_ddp)
-from optkit.passes.finetune.objectives import (cosine_with_warmup, distillation_loss, output_logits, param_groups,
-                                               scored_positions)
+from optkit.runtime.fsdp import full_state_dict, local_part, resolve_sharding, shard
+from optkit.passes.finetune.objectives import (IGNORE_INDEX, cosine_with_warmup, distillation_loss, output_logits,
+                                               param_groups, scored_positions)
 from optkit.passes.finetune.progress import TrainingProgress
 from optkit.passes.finetune.sampling import ResumableSampler, capped
 from optkit.passes.precision.autocast import training_dtype
@@ -73,8 +76,10 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, devic
              amp: str = "off", num_workers: int | str = 0) -> dict[str, float]:
     """Top-1 accuracy and mean cross-entropy of ``model`` on ``dataset``.
 
-    Under DDP each rank evaluates its share and the sums are all-reduced, so
-    every rank gets the same figures.
+    Under DDP or FSDP each rank evaluates its share and the sums are all-reduced,
+    so every rank gets the same figures. The shares are padded to the same
+    number of samples (repeats, not scored), since a sharded model's forward
+    pass needs every rank.
 
     Args:
         model: the model (on ``device``); it is put back in the mode it was in.
@@ -93,14 +98,20 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, devic
     """
     device = resolve_device(None if device is None else str(device))
     rank, world = rank_and_world()
-    shard = Subset(dataset, range(rank, len(dataset), world)) if world > 1 else dataset
-    loader = make_loader(shard, batch_size, num_workers=num_workers, device=device)
+    count = len(dataset)
+    scored_share = len(range(rank, count, world))
+    share = (Subset(dataset, [i % count for i in range(rank, math.ceil(count / world) * world, world)])
+             if world > 1 else dataset)
+    loader = make_loader(share, batch_size, num_workers=num_workers, device=device)
     dtype = training_dtype(amp, device)
     was_training = model.training
     model.eval()
     totals = _sums([0, 0, 0], device)
+    seen = 0
     for inputs, labels in loader:
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        labels[max(scored_share - seen, 0):] = IGNORE_INDEX  # the padding
+        seen += len(labels)
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             logits, scored = scored_positions(output_logits(model(inputs)), labels)
         totals[0] += F.cross_entropy(logits.float(), scored, reduction="sum")
@@ -116,12 +127,14 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, settings:
     """Fine-tune ``model`` on ``train_set``, keeping the weights that score best on ``val_set``.
 
     Args:
-        model: the model to train, changed in place (and moved to the training device).
+        model: the model to train, changed in place (and moved to the training device; under FSDP it
+            stays where it is, whole, and gets the trained weights at the end).
         train_set: yields ``(input, label)`` pairs.
         val_set: evaluated after each epoch; ``None`` keeps the last weights.
         settings: the run's settings: a :class:`~optkit.passes.finetune.passes.FineTune`
             (its ``data`` is not read here) or any object with the same attributes.
-        teacher: a model to distil from (its softened logits are mixed into the loss).
+        teacher: a model to distil from (its softened logits are mixed into the loss); under FSDP a
+            sharded copy of it runs.
         progress: show a progress bar; ``None`` shows one when stderr is a terminal.
         keep_sparsity: keep weights that are exactly zero at the start at zero
             (so unstructured pruning survives fine-tuning).
@@ -132,19 +145,30 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, settings:
     Raises:
         TrainingError: when the training data is smaller than one batch per process, the loss
             stops being finite (the last checkpoint is left intact), or the checkpoint to resume
-            from does not match this run.
+            from does not match this run, or FSDP is asked to train in fp16.
         OptkitError: for a device this machine does not have.
     """
     rank, world = init_distributed()
     device = resolve_device(settings.device)
     dtype = training_dtype(settings.amp, device)
-    model.to(device)
-    if teacher is not None:
-        teacher.to(device).eval()
+    sharding = resolve_sharding(settings.sharding, model, teacher, device)
+    if sharding == "fsdp":
+        if dtype == torch.float16:
+            raise TrainingError("FSDP trains in bf16 or fp32, not fp16 (--train-amp fp16, or auto on a GPU without "
+                                "bf16): set --train-amp bf16 or off, or --sharding ddp")
+        if rank == 0:
+            _log.info("training a copy of the model sharded with FSDP over %d processes", world)
+        # The model stays whole where it is; a sharded copy trains, and the best weights come back into it.
+        trained = shard(model, device, dtype=dtype)
+        teacher = shard(teacher, device, dtype=dtype, frozen=True) if teacher is not None else None
+    else:
+        trained = model.to(device)
+        if teacher is not None:
+            teacher.to(device).eval()
     train_set = capped(train_set, settings.max_train_samples, settings.seed)
     steps_per_epoch, total_steps = _count_steps(len(train_set), world, settings)
 
-    optimizer = torch.optim.AdamW(param_groups(model, settings.weight_decay), lr=settings.lr)
+    optimizer = torch.optim.AdamW(param_groups(trained, settings.weight_decay), lr=settings.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, cosine_with_warmup(total_steps, max(1, round(settings.warmup * total_steps))))
     # bf16 has fp32's exponent range, so only fp16 needs loss scaling.
@@ -155,14 +179,15 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, settings:
     # Seeded after the loader is measured (which draws a timing-dependent number of
     # augmentations) and before a checkpoint's RNG state is restored.
     torch.manual_seed(settings.seed)
-    checkpoints = Checkpoints(settings.checkpoint, run_identity(settings, world), rank=rank, model=model,
-                              optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    checkpoints = Checkpoints(settings.checkpoint, run_identity(settings, world, sharding), rank=rank,
+                              model=trained, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                              sharded=sharding == "fsdp")
     state = checkpoints.resume() if settings.resume else RunState()
     resumed = _resume_line(settings.checkpoint, checkpoints.saved, state, total_steps) if settings.resume else None
     if resumed and rank == 0:
         _log.info("%s", resumed)
-    trainer = _Trainer(wrap_ddp(model, device), teacher, optimizer, scheduler, scaler, dtype, settings,
-                       _zero_masks(model) if keep_sparsity else [])
+    trainer = _Trainer(trained if sharding == "fsdp" else wrap_ddp(trained, device), teacher, optimizer,
+                       scheduler, scaler, dtype, settings, _zero_masks(trained) if keep_sparsity else [])
 
     epochs = math.ceil(total_steps / steps_per_epoch)
     with TrainingProgress(progress, rank=rank, total=total_steps, completed=state.step, epochs=epochs,
@@ -172,7 +197,7 @@ def fit(model: nn.Module, train_set: Dataset, val_set: Dataset | None, settings:
             sampler.start = state.position
             batches = itertools.islice(loader, total_steps - state.step)
             _train_epoch(trainer, batches, state, device=device, world=world, checkpoints=checkpoints, bar=bar)
-            bar.log_epoch(_end_epoch(model, val_set, state, settings, device, scheduler))
+            bar.log_epoch(_end_epoch(trained, val_set, state, settings, device, scheduler))
             checkpoints.save(state)
 
     if state.best_weights is not None:
@@ -236,7 +261,7 @@ class _Trainer:
         self.scaler.update()
         self.scheduler.step()
         for param, mask in self.masks:
-            param.data.mul_(mask)
+            local_part(param).mul_(mask)
         return scale_before is not None and self.scaler.get_scale() < scale_before
 
 
@@ -274,7 +299,10 @@ def _diverged(loss: torch.Tensor, state: RunState, trainer: _Trainer, checkpoint
 
 def _end_epoch(model: nn.Module, val_set: Dataset | None, state: RunState, settings: Any, device: torch.device,
                scheduler: Any) -> dict[str, float]:
-    """Record the epoch (all-reduced figures), keep its weights if they score best, and start the next one."""
+    """Record the epoch (all-reduced figures), keep its weights if they score best, and start the next one.
+
+    ``model`` is the module that trains (the sharded copy under FSDP); every rank keeps the best weights whole.
+    """
     loss_sum, correct, samples = all_reduce_sum(_sums([state.loss_sum, state.correct, state.samples], device)).tolist()
     broadcast_buffers(model)
     record = {"epoch": state.epoch + 1, "train_loss": loss_sum / max(samples, 1),
@@ -287,7 +315,7 @@ def _end_epoch(model: nn.Module, val_set: Dataset | None, state: RunState, setti
     if val is None or state.best_accuracy is None or val["accuracy"] > state.best_accuracy:
         state.best_accuracy = val["accuracy"] if val else None
         state.best_epoch = state.epoch + 1
-        state.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        state.best_weights = full_state_dict(model)
     state.next_epoch()
     return record
 
@@ -301,7 +329,8 @@ def _zero_masks(model: nn.Module) -> list[tuple[nn.Parameter, torch.Tensor]]:
     masks = []
     for module in model.modules():
         if isinstance(module, PRUNABLE_WEIGHT_TYPES):
-            mask = module.weight.detach() != 0
+            # Under FSDP each rank masks its own shard.
+            mask = local_part(module.weight) != 0
             if not bool(mask.all()):
                 masks.append((module.weight, mask.to(module.weight.dtype)))
     return masks

@@ -68,6 +68,12 @@ class FineTune(Pass):
                                     metavar="N")
     checkpoint_every: int = setting(200, help="Checkpoint every this many steps as well as at each epoch end "
                                     "(0: epoch ends only).", low=0, flag="checkpoint-every")
+    sharding: str = setting("auto", help="How training spreads over torchrun's processes: ddp (a whole copy of the "
+                            "model on every device), fsdp (each block's weights, gradients and AdamW state "
+                            "sharded over the devices, blocks recomputed in backward, the teacher sharded too), "
+                            "or auto (fsdp when 4x the model's parameter bytes plus the teacher's exceed half of "
+                            "one GPU's memory, else ddp; always ddp on CPU). No effect in one process.",
+                            choices=("auto", "ddp", "fsdp"), flag="sharding")
     num_workers: int | str = workers_setting("auto")
     input_shape: tuple[int, ...] | None = shared_setting("input_shape")
     device: str | None = shared_setting("device", help="Training device (auto: CUDA, then MPS, then CPU).")
