@@ -40,14 +40,14 @@ sys.path.insert(0, str(ROOT))
 from optkit.demo import FASHION_RESNET  # noqa: E402
 from optkit.io import checkpoint  # noqa: E402
 
-from optkit.io import models  # noqa: E402
 from optkit.core.files import atomic_path, write_text  # noqa: E402
 from optkit.data.datasets import load_dataset  # noqa: E402
-from optkit.analysis.metrics import measure  # noqa: E402
+from optkit.io import models  # noqa: E402
+from optkit.model.stats import measure  # noqa: E402
 from optkit.passes.batchnorm.passes import RecalibrateBatchNorm  # noqa: E402
-from optkit.passes.prune.passes import L1Unstructured, StructuredPrune  # noqa: E402
 from optkit.passes.finetune.loop import evaluate, fit  # noqa: E402
 from optkit.passes.finetune.passes import FineTune  # noqa: E402
+from optkit.passes.prune.passes import L1Unstructured, StructuredPrune  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BASELINE = FASHION_RESNET

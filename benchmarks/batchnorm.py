@@ -38,10 +38,11 @@ import torch
 import torchvision
 from torch import nn
 
+from optkit.analysis.latency import time_callable
 from optkit.core.files import write_text
 from optkit.data import load_dataset, make_loader
-from optkit.analysis.metrics import count_params, time_callable
-from optkit.passes.batchnorm.passes import fold_batchnorm, insert_batchnorm, recalibrate_batchnorm
+from optkit.model.stats import count_params
+from optkit.passes.batchnorm import fold_batchnorm, insert_batchnorm, recalibrate_batchnorm
 from optkit.passes.prune.passes import StructuredPrune
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -46,10 +46,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import optkit  # noqa: E402
-from optkit.analysis.metrics import measure  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
 from optkit.data.datasets import load_dataset  # noqa: E402
 from optkit.io.architectures import ArchSpec  # noqa: E402
+from optkit.model.stats import measure  # noqa: E402
 from optkit.passes.finetune.loop import fit  # noqa: E402
 from optkit.passes.finetune.passes import FineTune  # noqa: E402
 

@@ -48,18 +48,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from optkit.analysis.latency import Deployment, cpu_model, interleaved_latency  # noqa: E402
-from optkit.analysis.metrics import count_macs  # noqa: E402
 from optkit.core.errors import DataError, ExportError  # noqa: E402
 from optkit.core.files import atomic_path, write_text  # noqa: E402
 from optkit.demo import FASHION_RESNET  # noqa: E402
-from optkit.export import openvino as ov  # noqa: E402
 from optkit.export.onnx import export_onnx  # noqa: E402
+from optkit.model.stats import count_macs  # noqa: E402
 from optkit.passes.deploy import CANDIDATES, CheckSettings, openvino_ir, pick  # noqa: E402
 from optkit.passes.deploy.choose import Candidate  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
 from optkit.passes.quantize import Int8Settings, quantize_onnx  # noqa: E402
 from optkit.passes.quantize.calibration import load_batches  # noqa: E402
 from optkit.passes.quantize.verify import agreement, outputs  # noqa: E402
+from optkit.runtime import openvino as ov  # noqa: E402
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16")
 VARIANTS = ("unpruned", "pruned")

@@ -122,7 +122,7 @@ def check_outputs(model_type: str, original, out: Path) -> dict:
     import transformers
 
     from optkit import load_model
-    from optkit.analysis.metrics import count_macs
+    from optkit.model.stats import count_macs
 
     checks: dict = {}
     inputs = example(model_type)
@@ -338,7 +338,7 @@ def markdown(data: dict) -> str:
                      f"{r.get('tp_params_ratio', '')} | {tp_reload} |")
     skipped = [f"- {r['type']}: {s}" for r in rows for s in r.get("skipped", [])]
     notes = [f"- {r['type']}: {n}" for r in rows for n in r.get("folder_notes", []) if "save_pretrained files" in n]
-    lines += ["", "MACs are counted by `optkit.analysis.metrics.count_macs` (torch-pruning's op counter), which counts "
+    lines += ["", "MACs are counted by `optkit.model.stats.count_macs` (torch-pruning's op counter), which counts "
               "`nn.Linear` but not transformers' `Conv1D`: gpt2's MACs ratio covers its lm_head only."]
     if skipped or notes:
         lines += ["", "What optkit left as it was, or could not write for the stock class (from report.json):", "",

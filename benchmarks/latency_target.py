@@ -34,11 +34,11 @@ from pathlib import Path
 import torchvision
 
 from optkit.analysis.latency import cpu_model, interleaved_latency
-from optkit.passes.prune.targets.latency_table import build_table
-from optkit.analysis.metrics import count_macs
-from optkit.export.onnx import export_onnx
 from optkit.core.files import write_text
+from optkit.export.onnx import export_onnx
+from optkit.model.stats import count_macs
 from optkit.passes.prune.passes import StructuredPrune
+from optkit.passes.prune.targets.latency_table import build_table
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16")
 TARGET = 0.5

@@ -39,8 +39,8 @@ def _model(name: str):
 def main() -> None:
     import torch
 
-    from optkit.analysis.metrics import count_macs
     from optkit.core.files import write_text
+    from optkit.model.stats import count_macs
     from optkit.passes.prune.passes import DEFAULT_ROUND_TO, StructuredPrune
 
     rows = []

@@ -46,10 +46,10 @@ import torchvision
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from optkit.analysis.metrics import count_macs  # noqa: E402
+from optkit.core.files import atomic_path, write_text  # noqa: E402
 from optkit.demo import FASHION_RESNET  # noqa: E402
 from optkit.export.onnx import export_onnx  # noqa: E402
-from optkit.core.files import atomic_path, write_text  # noqa: E402
+from optkit.model.stats import count_macs  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
 from optkit.passes.quantize import Int8Settings, interleaved_latency, quantize_onnx  # noqa: E402
 from optkit.passes.quantize.calibration import load_batches  # noqa: E402

@@ -39,8 +39,8 @@ def worker(name: str, ratio: float, export: bool, repeats: int) -> dict:
 
     import torch
 
-    from optkit.analysis.metrics import count_params
     from optkit.io.models import load_model
+    from optkit.model.stats import count_params
     from optkit.passes.prune.passes import StructuredPrune
 
     def peak_mib() -> float:

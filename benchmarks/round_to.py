@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from optkit.analysis.latency import interleaved_latency  # noqa: E402
-from optkit.analysis.metrics import count_macs  # noqa: E402
-from optkit.export.onnx import export_onnx  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
+from optkit.export.onnx import export_onnx  # noqa: E402
+from optkit.model.stats import count_macs  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

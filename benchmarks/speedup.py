@@ -37,9 +37,9 @@ import torch
 import torchvision
 
 from optkit.analysis.latency import cpu_model, interleaved_latency
-from optkit.analysis.metrics import count_macs
-from optkit.export.onnx import export_onnx
 from optkit.core.files import write_text
+from optkit.export.onnx import export_onnx
+from optkit.model.stats import count_macs
 from optkit.passes.prune.passes import StructuredPrune
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16")

@@ -69,8 +69,8 @@ def run_model(name: str, size: int, time_limit: float) -> dict:
     """Prune one model and check it (runs inside the worker subprocess)."""
     import torch
 
-    from optkit.analysis.metrics import count_macs, count_params
     from optkit.io.models import load_model
+    from optkit.model.stats import count_macs, count_params
     from optkit.passes.prune.passes import StructuredPrune
 
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def run_timm_model(name: str, time_limit: float) -> dict:
     import timm
     import torch
 
-    from optkit.analysis.metrics import count_macs, count_params
+    from optkit.model.stats import count_macs, count_params
     from optkit.passes.prune.passes import StructuredPrune
 
     torch.manual_seed(0)

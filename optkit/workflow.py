@@ -11,20 +11,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optkit.io import checkpoint, confirmed
-from optkit.core.errors import OptkitError
-from optkit.export.onnx import export_onnx, weights_sizes
-from optkit.export.openvino import missing_note as missing_openvino_note
 from optkit.analysis.evaluation import EvalSettings
 from optkit.analysis.model_info import layer_channels
+from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
+from optkit.core.context import RunContext
+from optkit.core.errors import OptkitError
+from optkit.core.forms import TORCH
+from optkit.core.pipeline import Pipeline
+from optkit.export.onnx import export_onnx, weights_sizes
+from optkit.io import checkpoint, confirmed
 from optkit.io.hf import PRETRAINED_FILES
 from optkit.io.models import LoadedModel
 from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty
-from optkit.core.context import RunContext
-from optkit.core.forms import TORCH
-from optkit.core.pipeline import Pipeline
 from optkit.passes.deploy.passes import OPENVINO_FILES
-from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, to_markdown
+from optkit.runtime.openvino import missing_note as missing_openvino_note
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx", *OPENVINO_FILES)
@@ -52,8 +52,8 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...], *, origin: str
     """
     import torch
 
-    from optkit.analysis.metrics import eval_mode
     from optkit.kinds import example_inputs, kind_of
+    from optkit.model.state import eval_mode
 
     model = loaded.model
     kind = kind_of(model)
@@ -188,7 +188,7 @@ def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path 
     from optkit.analysis.generation import PROMPT_TOKENS, GenerationProbe
     from optkit.core.errors import DataError
     from optkit.data.text import find_tokenizer, load_tokenizer
-    from optkit.export.decode import unsupported
+    from optkit.export.decode import export_decode, unsupported
 
     model = checkpoint.unwrap(loaded.model)
     if unsupported(model) is not None:
@@ -201,7 +201,15 @@ def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path 
     if scorer is not None and scorer.eval_set.kind == "tokens":
         ids = scorer.eval_set.model_inputs().first()[0]
         prompt = ids[:PROMPT_TOKENS].tolist()
-    return GenerationProbe.start(model, tokenizer=tokenizer, prompt=prompt, scratch=scratch)
+    probe = GenerationProbe.start(model, tokenizer=tokenizer, prompt=prompt)
+    if probe is not None and scratch is not None:
+        path = scratch / "original.decode.onnx"
+        try:
+            export_decode(model, path)
+            probe.original_decode = path
+        except OptkitError as e:
+            probe.notes.append(f"decode in ONNX Runtime not timed: {e}")
+    return probe
 
 
 def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext, *, on_pass, scorer: Scorer | None,
@@ -425,7 +433,7 @@ def _takes_any_batch(path: Path) -> bool:
 def time_model(model, input_shape: tuple[int, ...]) -> dict[str, Any]:
     """Eager PyTorch latency of one call at ``input_shape``, on the model's own device, for the report."""
     from optkit.analysis.latency import bench_torch
-    from optkit.analysis.metrics import model_device
+    from optkit.kinds import model_device
 
     (result,) = bench_torch(model, input_shape, device=str(model_device(model)), warmup=3, repeats=20)
     return {k: v for k, v in result.to_dict().items() if k in ("engine", "device", "threads", "median_ms", "p90_ms", "spread", "repeats")}

@@ -14,40 +14,31 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "optkit"
+ARCHITECTURE_DOC = PACKAGE.parent / "docs" / "architecture.md"
 
 # Floors, lowest first: a module may import from its own floor or a lower one.
-# A module's floor is that of the longest prefix listed.
+# A module's floor is that of the longest prefix listed. docs/architecture.md states the same floors
+# (test_the_architecture_doc_states_these_floors).
 LEVELS = {
     "optkit.core": 0,
-    "optkit.kinds": 1,
-    "optkit.io": 2,
-    "optkit.data": 2,
-    "optkit.demo": 2,
-    # Distributed helpers (process group, rank, DDP wrapping) need torch alone; the fine-tune loop uses them.
-    "optkit.runtime": 2,
-    "optkit.analysis": 3,
-    # The ONNX exporter reads analysis.metrics and analysis.latency exports with it: one floor.
-    "optkit.export": 3,
-    "optkit.passes": 4,
-    "optkit.workflow": 6,
-    "optkit.cli": 7,
-    "optkit.__main__": 7,
-    "optkit": 8,  # the public API re-exports (lazily) from every floor
+    # ONNX Runtime and OpenVINO sessions, distributed helpers: they need the runtimes and torch alone.
+    "optkit.runtime": 1,
+    "optkit.kinds": 2,
+    # Model utilities: statistics, example inputs, train/eval mode and caches, the BatchNorm folding engine.
+    "optkit.model": 3,
+    # The pipeline measures each pass's model with optkit.model.stats; nothing below it runs a pipeline.
+    "optkit.core.pipeline": 3,
+    "optkit.io": 4,
+    "optkit.data": 4,
+    "optkit.demo": 4,
+    "optkit.analysis": 5,
+    "optkit.export": 5,
+    "optkit.passes": 6,
+    "optkit.workflow": 7,
+    "optkit.cli": 8,
+    "optkit.__main__": 8,
+    "optkit": 9,  # the public API re-exports (lazily) from every floor
 }
-
-# Upward imports in files other changes own, each with the change that removes it. The
-# test fails when one is gone, so the list only shrinks.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("optkit.core.pipeline", "optkit.analysis.metrics"):
-        "ModelStats and measure for each pass's record: take them from the ground-floor model-utilities module",
-    ("optkit.data.adapt", "optkit.analysis.metrics"):
-        "example_input for the probe forward pass: use optkit.kinds.example_inputs (kinds sits below data)",
-    ("optkit.export.onnx", "optkit.passes.batchnorm.passes"):
-        "fold_batchnorm before export: move the fold engine to the ground-floor model-utilities module",
-}
-
-# Imports the cycle test does not follow, in files other changes own, each with the change that removes it.
-KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 # Strings that spell an optkit module but do not import it.
 NOT_IMPORTS = {
@@ -178,21 +169,32 @@ def _lines(pairs) -> str:
 
 
 def test_no_import_cycles_among_optkit_modules():
-    followed = {name: set(targets) - {b for a, b in KNOWN_CYCLE_EDGES if a == name}
-                for name, targets in _optkit_imports().items()}
-    found = cycles(with_packages(followed))
+    found = cycles(with_packages({name: set(targets) for name, targets in _optkit_imports().items()}))
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
 
 
 def test_imports_only_run_down_the_floors():
-    offending = upward_imports(_optkit_imports()) - set(KNOWN_UPWARD)
+    offending = upward_imports(_optkit_imports())
     assert not offending, "imports from a higher floor:\n" + _lines(offending)
 
 
-def test_known_exceptions_still_happen():
-    graph = _optkit_imports()
-    gone = (set(KNOWN_UPWARD) - upward_imports(graph)) | {(a, b) for a, b in KNOWN_CYCLE_EDGES if b not in graph.get(a, ())}
-    assert not gone, "no longer imported, remove from the known exceptions:\n" + _lines(gone)
+def documented_floors(text: str) -> list[set[str]]:
+    """The floors a document states, lowest first, from its sentence "Imports only run down these floors, lowest
+    first: `core` < `runtime`, ... < `optkit` (...)": each floor as its module names, ``optkit.`` left out."""
+    chain = text.split("Imports only run down these floors, lowest first:", 1)[1].split(" (", 1)[0]
+    return [set(re.findall(r"`([\w.]+)`", floor)) for floor in chain.split("<")]
+
+
+def test_the_architecture_doc_states_these_floors():
+    floors: dict[int, set[str]] = {}
+    for module, floor in LEVELS.items():
+        floors.setdefault(floor, set()).add(module.removeprefix("optkit.") if module != "optkit" else module)
+    assert documented_floors(ARCHITECTURE_DOC.read_text(encoding="utf-8")) == [floors[f] for f in sorted(floors)]
+
+
+def test_the_floors_sentence_is_read_floor_by_floor():
+    text = "Imports only run down these floors, lowest first: `core` < `a`, `b.c` <\n`optkit` (the API). `x` < `y`"
+    assert documented_floors(text) == [{"core"}, {"a", "b.c"}, {"optkit"}]
 
 
 def test_every_optkit_folder_has_a_floor_of_its_own():

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from optkit.analysis import metrics
+from optkit.model import stats
 
 from optkit.io import models
 from optkit.cli import main
@@ -45,8 +45,8 @@ def test_totals_equal_metrics(arch):
     zeros = sum(int((m.weight == 0).sum()) for m in layers)
     shape = (1, 3, 224, 224) if arch.startswith("vit") else SHAPE
     inspection = inspect_model(model, shape)
-    assert inspection.params == metrics.count_params(model)
-    assert inspection.macs == metrics.count_macs(model, shape)
+    assert inspection.params == stats.count_params(model)
+    assert inspection.macs == stats.count_macs(model, shape)
     assert sum(layer.macs for layer in inspection.layers) == inspection.macs
     assert sum(layer.params for layer in inspection.layers) == inspection.params
     assert inspection.sparsity == pytest.approx(zeros / sum(m.weight.numel() for m in layers), abs=1e-12)
@@ -61,8 +61,8 @@ def test_rows_cover_direct_parameters_and_attention():
     assert rows["attn"].params == sum(p.numel() for p in model.attn.parameters())
     assert "attn.out_proj" not in rows  # counted inside the attention row
     assert (rows["stem"].in_channels, rows["stem"].out_channels) == (3, 16)
-    assert inspection.params == metrics.count_params(model)
-    assert inspection.macs == metrics.count_macs(model, (2, 3, 32, 32)) == metrics.count_macs(model, (1, 3, 32, 32))
+    assert inspection.params == stats.count_params(model)
+    assert inspection.macs == stats.count_macs(model, (2, 3, 32, 32)) == stats.count_macs(model, (1, 3, 32, 32))
     assert sum(layer.macs for layer in inspection.layers) == inspection.macs
 
 
@@ -110,7 +110,7 @@ def test_a_model_the_pruner_cannot_trace_is_reported(monkeypatch, runner):
     inspection = inspect_model(TokenNet(), (1, 3, 32, 32), prune_dry_run=dry_run)
     assert inspection.prune_error == "ZeroDivisionError: integer division or modulo by zero"
     assert inspection.to_dict()["prune_error"] == inspection.prune_error
-    assert inspection.macs == metrics.count_macs(TokenNet(), (1, 3, 32, 32))  # the table is still complete
+    assert inspection.macs == stats.count_macs(TokenNet(), (1, 3, 32, 32))  # the table is still complete
     result = runner.invoke(main, ["inspect", "torchvision:squeezenet1_1", "--input-shape", "1,3,32,32"])
     assert result.exit_code == 0, result.output
     assert "cannot trace this model: ZeroDivisionError: integer division" in result.output
@@ -149,7 +149,7 @@ def test_cli_table_lists_layers_totals_and_skips():
                                        "--input-shape", "1,3,64,64"])
     assert result.exit_code == 0, result.output
     model = models.load_model("torchvision:squeezenet1_1", num_classes=10)
-    assert f"{metrics.count_macs(model, SHAPE):,}" in result.output
+    assert f"{stats.count_macs(model, SHAPE):,}" in result.output
     assert "features.0" in result.output and "Conv2d" in result.output
     assert "A structured prune (optkit optimize --prune)" in result.output
     assert "--all-layers lists them" in result.output

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from optkit.io import checkpoint
-from optkit.analysis.metrics import count_params, prunable_weights
-from optkit.io.models import ArchSpec, load
 from optkit.core.registry import get_pass, list_passes
+from optkit.io import checkpoint
+from optkit.io.models import ArchSpec, load
+from optkit.model.stats import count_params, prunable_weights
 from optkit.passes.prune.passes import L1Unstructured, StructuredPrune
 
 INPUT_SHAPE = (2, 3, 16, 16)

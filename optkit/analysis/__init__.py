@@ -1,1 +1,2 @@
-"""Measuring models: parameter and MAC counts, layer inspection, latency, and reports."""
+"""Measuring and reporting: layer inspection, latency, accuracy, evaluation, generation, and reports (it builds no
+files; parameter and MAC counts are :mod:`optkit.model.stats`)."""

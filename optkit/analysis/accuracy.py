@@ -37,7 +37,8 @@ def top1_accuracy(model: nn.Module, dataset: Dataset, *, batch_size: int = 256,
         ValueError: for a non-positive ``batch_size`` or ``max_samples``, an
             empty dataset, or a model whose output is not a 2-D logits tensor.
     """
-    from optkit.analysis.metrics import eval_mode, model_device
+    from optkit.kinds import model_device
+    from optkit.model.state import eval_mode
 
     if batch_size < 1 or (max_samples is not None and max_samples < 1):
         raise ValueError(f"batch_size and max_samples must be positive, got {batch_size} and {max_samples}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.settings import setting, validate_fields
+from optkit.core.settings import Settings, setting
 from optkit.kinds.base import EvalSet
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ EVAL_SPLIT = "test"
 
 
 @dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(Settings):
     """Which data scores the model at each stage (accuracy and fidelity to the original)."""
 
     data: str = setting(help="Dataset spec whose test split scores the original and the result after each stage, "
@@ -48,9 +48,6 @@ class EvalSettings:
                         metavar="SPEC", dataset=True, example="synthetic:64:3x32x32:10")
     samples: int = setting(2000, help="Score the first this many test images.", low=1, flag="eval-samples")
     batch_size: int = setting(128, help="Images per forward pass while scoring.", low=1, flag="eval-batch-size")
-
-    def __post_init__(self) -> None:
-        validate_fields(self)
 
 
 class DataReaders:

@@ -4,8 +4,9 @@ Decode is what a user of a language model waits for: after a prompt, one token
 per call, each reading the cache of all earlier tokens. The section times it at
 batch 1 with every core in PyTorch (the model's own cache) and, when the run
 exported, in ONNX Runtime (the decode-step graphs of the original and the
-result, see :mod:`optkit.export.decode`), and shows the same greedy continuation
-of one prompt from both models, so a reader sees what pruning did to the text.
+result, which the caller builds with :func:`optkit.export.decode.export_decode`),
+and shows the same greedy continuation of one prompt from both models, so a
+reader sees what pruning did to the text.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from optkit.core.errors import OptkitError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -43,15 +42,16 @@ class GenerationProbe:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def start(cls, model: nn.Module, *, tokenizer: Any, prompt: list[int] | None, scratch: Path | None,
-              ) -> GenerationProbe | None:
+    def start(cls, model: nn.Module, *, tokenizer: Any, prompt: list[int] | None) -> GenerationProbe | None:
         """Measure ``model`` before the passes; ``None`` for a model that does not generate.
+
+        A run that exports ONNX builds the original's decode graph and sets :attr:`original_decode`
+        (or adds a note saying why there is none).
 
         Args:
             model: the model as loaded.
             tokenizer: its tokenizer, or ``None``.
             prompt: the prompt's ids (default: the tokenizer's beginning-of-text token, or id 0).
-            scratch: a folder for the original's decode graph, when the run exports ONNX.
         """
         from optkit.export import decode
 
@@ -61,15 +61,7 @@ class GenerationProbe:
             start = getattr(tokenizer, "bos_token_id", None)
             start = start if start is not None else getattr(tokenizer, "eos_token_id", None)
             prompt = [start if start is not None else 0]
-        probe = cls(list(prompt), tokenizer, _measure(model, prompt))
-        if scratch is not None:
-            path = scratch / "original.decode.onnx"
-            try:
-                decode.export_decode(model, path)
-                probe.original_decode = path
-            except OptkitError as e:
-                probe.notes.append(f"decode in ONNX Runtime not timed: {e}")
-        return probe
+        return cls(list(prompt), tokenizer, _measure(model, prompt))
 
     def finish(self, model: nn.Module, result_decode: Path | None) -> dict[str, Any]:
         """The report's ``generation`` section, measuring the result ``model`` and its decode graph."""

@@ -1,23 +1,27 @@
 """Latency measurement: PyTorch eager, ONNX Runtime and OpenVINO, with the noise reported.
 
 Each measurement runs a few untimed warm-up calls, then times ``repeats``
-calls one by one (:func:`optkit.analysis.metrics.time_callable`) and reports the
+calls one by one (:func:`time_callable`) and reports the
 median, the 90th percentile and their ratio (``spread``): a spread well above
 1 means the machine was noisy and small differences mean nothing. A file is
 timed in the runtime it is deployed with: an ONNX file in ONNX Runtime (or in
 OpenVINO when asked), an OpenVINO IR (``.xml``) in OpenVINO at the precision it
-records (:mod:`optkit.export.openvino`).
+records (:mod:`optkit.runtime.openvino`). Sessions are opened by :mod:`optkit.runtime`, and
+the files are built elsewhere (:mod:`optkit.export`): nothing here exports.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import OptkitError
+from optkit.runtime import openvino as ov
+from optkit.runtime.onnxrt import onnx_feed, onnx_session
 
 if TYPE_CHECKING:
     from torch import nn
@@ -135,8 +139,6 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
     """
     import torch
 
-    from optkit.analysis.metrics import time_callable
-
     _check_counts(warmup, repeats)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise OptkitError(f"device {device!r} was asked for but CUDA is not available here; use --device cpu")
@@ -200,23 +202,8 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
     Raises:
         OptkitError: if the file cannot be loaded, its shape is unknown, or it fails to run.
     """
-    import onnxruntime as ort
-
-    from optkit.analysis.metrics import time_callable
-
     _check_counts(warmup, repeats)
-    options = ort.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
-    providers = ["CPUExecutionProvider"]
-    if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise OptkitError("ONNX Runtime here has no CUDA execution provider; use --device cpu or install onnxruntime-gpu")
-        providers.insert(0, "CUDAExecutionProvider")
-    try:
-        session = ort.InferenceSession(os.fspath(path), options, providers=providers)
-    except Exception as e:
-        raise OptkitError(f"{path}: ONNX Runtime cannot load it ({e})") from e
+    session = onnx_session(path, threads, device=device)
     inputs = session.get_inputs()
     declared = inputs[0].shape
     shape = tuple(input_shape) if input_shape is not None else _static_shape(path, declared, batch_sizes)
@@ -234,45 +221,12 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
     return results
 
 
-def bench_exported(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Sequence[int] | None = None,
-                   threads: int | None = None, device: str = "cpu", warmup: int = 5, repeats: int = 30,
-                   engine: str = "onnxruntime", precision: str | None = None) -> list[Latency]:
-    """Time a PyTorch model in ONNX Runtime or OpenVINO: export it to a temporary ONNX file, then time that file.
-
-    The export is :func:`optkit.export.onnx.export_onnx` with a dynamic batch, so
-    the file is verified against PyTorch before it is timed. The other arguments
-    are those of :func:`bench_torch`, and ``precision`` that of :func:`bench_openvino`.
-
-    Args:
-        engine: ``onnxruntime`` (:func:`bench_onnx`) or ``openvino`` (:func:`bench_openvino`, CPU only).
-
-    Raises:
-        OptkitError: if optkit's exporter is not installed, or export or timing fails.
-    """
-    import tempfile
-
-    try:
-        from optkit.export.onnx import export_onnx
-    except ImportError as e:
-        raise OptkitError("timing a PyTorch model in ONNX Runtime needs optkit.export.onnx, which this installation "
-                          "lacks; export the model to .onnx and bench that file") from e
-    shape = tuple(int(v) for v in input_shape)
-    with tempfile.TemporaryDirectory(prefix="optkit-bench-") as folder:
-        path = os.path.join(folder, "model.onnx")
-        export_onnx(model, path, shape, dynamic_batch=True)
-        if engine == "openvino":
-            return bench_openvino(path, shape, batch_sizes=batch_sizes, threads=threads, precision=precision,
-                                  warmup=warmup, repeats=repeats)
-        return bench_onnx(path, shape, batch_sizes=batch_sizes, threads=threads, device=device,
-                          warmup=warmup, repeats=repeats)
-
-
 def bench_openvino(path: str | os.PathLike, input_shape: Sequence[int] | None = None, *,
                    batch_sizes: Sequence[int] | None = None, threads: int | None = None,
                    precision: str | None = None, warmup: int = 5, repeats: int = 30) -> list[Latency]:
     """Time an OpenVINO IR (``.xml``) or an ONNX file in OpenVINO on the CPU.
 
-    Each batch size is compiled for that fixed input shape (see :func:`optkit.export.openvino.compile_model`).
+    Each batch size is compiled for that fixed input shape (see :func:`optkit.runtime.openvino.compile_model`).
 
     Args:
         path: the ``.xml`` (its ``.bin`` beside it) or ``.onnx`` file.
@@ -291,9 +245,6 @@ def bench_openvino(path: str | os.PathLike, input_shape: Sequence[int] | None = 
         OptkitError: if OpenVINO is missing, the file cannot be read or compiled, its shape is unknown, or it
             fails to run.
     """
-    from optkit.analysis.metrics import time_callable
-    from optkit.export import openvino as ov
-
     _check_counts(warmup, repeats)
     model = ov.read(path)
     precision = precision or ov.recorded_precision(model) or "fp32"
@@ -305,7 +256,7 @@ def bench_openvino(path: str | os.PathLike, input_shape: Sequence[int] | None = 
             raise OptkitError(f"{path} was exported with a fixed batch of {declared[0]}; "
                               f"it cannot run batch {run_shape[0]} (export with a dynamic batch)")
         compiled = ov.compile_model(model, precision=precision, threads=threads, input_shape=run_shape)
-        request, feed = compiled.create_infer_request(), openvino_feed(compiled, run_shape)
+        request, feed = compiled.create_infer_request(), ov.openvino_feed(compiled, run_shape)
         try:
             timing = time_callable(lambda: request.infer(feed), warmup=warmup, repeats=repeats)
         except Exception as e:
@@ -323,45 +274,6 @@ def is_onnx(spec: str | os.PathLike) -> bool:
 def is_openvino(spec: str | os.PathLike) -> bool:
     """Whether a model spec names an OpenVINO IR (by its ``.xml`` suffix)."""
     return os.fspath(spec).lower().endswith(".xml")
-
-
-def onnx_feed(session: Any, shape: Sequence[int], *, seed: int = 0) -> dict[str, Any]:
-    """Inputs for every input of an ONNX Runtime session at one example ``shape`` (batch first).
-
-    Floating inputs get reproducible standard-normal values; integer inputs (token ids,
-    attention masks) get ones, a valid id and mask in any vocabulary. An input of one
-    dimension fewer than ``shape`` is one of a list of images and gets ``shape[1:]``.
-    """
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    shape = tuple(int(v) for v in shape)
-    feed = {}
-    for node in session.get_inputs():
-        size = shape[1:] if len(node.shape) == len(shape) - 1 else shape
-        if "int" in node.type:
-            feed[node.name] = np.ones(size, dtype=np.int32 if "int32" in node.type else np.int64)
-        else:
-            feed[node.name] = rng.standard_normal(size, dtype=np.float32)
-    return feed
-
-
-def openvino_feed(compiled: Any, shape: Sequence[int], *, seed: int = 0) -> dict[int, Any]:
-    """Inputs for every input of an OpenVINO compiled model, by index, as :func:`onnx_feed` makes them: the same
-    values for the same file, whichever runtime runs it."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    shape = tuple(int(v) for v in shape)
-    feed = {}
-    for index, node in enumerate(compiled.inputs):
-        size = shape[1:] if node.get_partial_shape().rank.get_length() == len(shape) - 1 else shape
-        dtype = node.get_element_type()
-        if dtype.is_real():
-            feed[index] = rng.standard_normal(size, dtype=np.float32)
-        else:
-            feed[index] = np.ones(size, dtype=np.int32 if dtype.get_type_name() == "i32" else np.int64)
-    return feed
 
 
 def _static_shape(path, declared: Sequence[Any], batch_sizes: Sequence[int] | None) -> tuple[int, ...]:
@@ -411,37 +323,11 @@ def compare(a: list[Latency], b: list[Latency]) -> list[dict[str, Any]]:
     return pairs
 
 
-def onnx_session(path: str | os.PathLike, threads: int, *, spinning: bool = False):
-    """A CPU ONNX Runtime session with ``threads`` intra-op threads.
-
-    Args:
-        path: the ONNX file.
-        threads: intra-op threads.
-        spinning: let idle pool threads spin for work, as ONNX Runtime does by
-            default. Fastest for one session called in a loop (how a model is
-            served), but the spinning threads of one session slow down any
-            other session running in the process, so it is off unless asked.
-
-    Raises:
-        OptkitError: if ONNX Runtime cannot load the file.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    try:
-        return ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise OptkitError(f"{path}: ONNX Runtime cannot load it ({e})") from e
-
-
 def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_shape: Sequence[int], *,
                         threads: int = 1, warmup: int = 2, repeats: int = 20, block: int = 2,
                         seed: int = 0) -> list[Latency]:
-    """Time several files on the same random inputs (see :func:`onnx_feed`), in alternating blocks.
+    """Time several files on the same random inputs (:func:`optkit.runtime.onnxrt.onnx_feed`), in alternating
+    blocks.
 
     Each file is timed the way it is served, in its runtime (an ONNX file in
     ONNX Runtime, a ``.xml`` in OpenVINO, or as a :class:`Deployment` says):
@@ -481,8 +367,6 @@ def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_s
     """
     import gc
 
-    from optkit.analysis.metrics import summarize_ms
-
     if repeats < 1 or warmup < 0 or block < 1:
         raise ValueError(f"warmup must be >= 0, repeats and block >= 1, got warmup={warmup}, repeats={repeats}, "
                          f"block={block}")
@@ -514,15 +398,13 @@ def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_s
 def _opener(target: Deployment, shape: tuple[int, ...], threads: int):
     """A function that opens a fresh session of ``target`` and returns one call of it on reproducible inputs."""
     if target.runtime == "openvino":
-        from optkit.export import openvino as ov
-
         model = ov.read(target.path)
         precision = target.precision or ov.recorded_precision(model) or "fp32"
         ov.fix_shape(model, shape)
 
         def open_openvino(seed: int):
             compiled = ov.compile_model(model, precision=precision, threads=threads)
-            request, feed = compiled.create_infer_request(), openvino_feed(compiled, shape, seed=seed)
+            request, feed = compiled.create_infer_request(), ov.openvino_feed(compiled, shape, seed=seed)
             return lambda: request.infer(feed)
 
         return open_openvino
@@ -533,3 +415,29 @@ def _opener(target: Deployment, shape: tuple[int, ...], threads: int):
         return lambda: session.run(None, feed)
 
     return open_onnxruntime
+
+
+def time_callable(fn, *, warmup: int = 3, repeats: int = 20) -> dict[str, float]:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
+
+    Returns:
+        median, p90, min and max latency in milliseconds, and the spread
+        (p90 / median), so noise is reported rather than hidden.
+    """
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000.0)
+    return summarize_ms(samples)
+
+
+def summarize_ms(samples: list[float]) -> dict[str, float]:
+    """Median, p90, min, max (milliseconds), spread (p90 / median) and count of timed samples."""
+    samples = sorted(samples)
+    median = statistics.median(samples)
+    p90 = samples[min(len(samples) - 1, int(round(0.9 * (len(samples) - 1))))]
+    return {"median_ms": median, "p90_ms": p90, "min_ms": samples[0], "max_ms": samples[-1],
+            "spread": p90 / median if median else 0.0, "repeats": len(samples)}

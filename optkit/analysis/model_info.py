@@ -1,7 +1,7 @@
 """Per-layer view of a model: channels, parameters, MACs and sparsity, layer by layer.
 
 The rows partition the model exactly: every parameter belongs to one row and
-every MAC counted by :func:`optkit.analysis.metrics.count_macs` is charged to one row,
+every MAC counted by :func:`optkit.model.stats.count_macs` is charged to one row,
 so the column totals equal the figures in ``report.json``. A row is a layer
 torch-pruning's op counter knows (conv, linear, norm, activation, pooling,
 attention...) or a module that holds parameters directly (e.g. a ViT's class
@@ -59,9 +59,9 @@ class Inspection:
     Attributes:
         input_shape: the input shape MACs were counted at.
         layers: one :class:`LayerInfo` per row.
-        params: total parameters (equals :func:`optkit.analysis.metrics.count_params`).
-        macs: total MACs (equals :func:`optkit.analysis.metrics.count_macs`).
-        sparsity: conv/linear weight sparsity (equals :func:`optkit.analysis.metrics.weight_sparsity`).
+        params: total parameters (equals :func:`optkit.model.stats.count_params`).
+        macs: total MACs (equals :func:`optkit.model.stats.count_macs`).
+        sparsity: conv/linear weight sparsity (equals :func:`optkit.model.stats.weight_sparsity`).
         skipped_layers: layer name -> why a structured prune leaves it untouched.
         prune_error: why a structured prune could not trace the model, if it could not.
     """
@@ -102,7 +102,7 @@ def inspect_model(model: nn.Module, input_shape: Sequence[int], *, prune_dry_run
     Raises:
         OptkitError: if the model does not run at ``input_shape``.
     """
-    from optkit.analysis.metrics import weight_sparsity
+    from optkit.model.stats import weight_sparsity
 
     shape = tuple(int(v) for v in input_shape)
     layer_macs, total_macs = _layer_macs(model, shape)
@@ -125,7 +125,7 @@ def inspect_model(model: nn.Module, input_shape: Sequence[int], *, prune_dry_run
 
 def layer_channels(model: nn.Module) -> dict[str, int]:
     """Output channels (or features) of every conv and linear layer, by name, in module order."""
-    from optkit.analysis.metrics import prunable_weights
+    from optkit.model.stats import prunable_weights
 
     return {name: _channels(module)[1] for name, module in prunable_weights(model)}
 
@@ -149,7 +149,9 @@ def _last_layer(model: nn.Module, input_shape: Sequence[int]) -> list[str]:
     """The name of the last conv/linear layer a forward pass runs (the classifier), as a list."""
     import torch
 
-    from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES, eval_mode, example_input
+    from optkit.model.inputs import example_input
+    from optkit.model.state import eval_mode
+    from optkit.model.stats import PRUNABLE_WEIGHT_TYPES
 
     executed: list[str] = []
     hooks = [module.register_forward_hook(lambda m, i, o, name=name: executed.append(name))
@@ -166,13 +168,14 @@ def _last_layer(model: nn.Module, input_shape: Sequence[int]) -> list[str]:
 def _layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[dict[int, int], int]:
     """MACs per sample, per module (keyed by ``id``) and in total, from torch-pruning's op counter.
 
-    Counted at batch size 1, like :func:`optkit.analysis.metrics.count_macs`.
+    Counted at batch size 1, like :func:`optkit.model.stats.count_macs`.
     """
     import torch
     import torch_pruning as tp
 
     from optkit.core.errors import OptkitError
-    from optkit.analysis.metrics import eval_mode, example_input
+    from optkit.model.inputs import example_input
+    from optkit.model.state import eval_mode
 
     inputs = example_input(model, (1, *input_shape[1:]))
     try:
@@ -235,7 +238,7 @@ def _channels(module: nn.Module) -> tuple[int | None, int | None]:
 
 
 def _sparsity(module: nn.Module) -> float | None:
-    from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES
+    from optkit.model.stats import PRUNABLE_WEIGHT_TYPES
 
     if not isinstance(module, PRUNABLE_WEIGHT_TYPES):
         return None

@@ -3,15 +3,18 @@ compared."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from functools import partial
+import os
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
 from optkit.analysis.latency import ENGINES
 from optkit.cli._options import model_options
-from optkit.export.openvino import PRECISIONS
+from optkit.runtime.openvino import PRECISIONS
 
 
 @click.command("bench")
@@ -121,16 +124,32 @@ def _time(spec: str, loaded: Any, shape: tuple[int, ...] | None, options: dict[s
     batch_sizes = list(options["batch_sizes"]) or None
     results = []
     for engine in _engines(spec, options):
-        if engine == "openvino":
-            run = bench.bench_openvino if loaded is None else partial(bench.bench_exported, engine="openvino")
-            results += run(spec if loaded is None else loaded.model, shape, batch_sizes=batch_sizes,
-                           precision=options["precision"], **timing)
-        elif loaded is None:
-            results += bench.bench_onnx(spec, shape, batch_sizes=batch_sizes, device=options["device"], **timing)
-        else:
-            run = bench.bench_torch if engine == "torch" else bench.bench_exported
-            results += run(loaded.model, shape, batch_sizes=batch_sizes, device=options["device"], **timing)
+        if engine == "torch":
+            results += bench.bench_torch(loaded.model, shape, batch_sizes=batch_sizes, device=options["device"],
+                                         **timing)
+            continue
+        with _as_file(spec, loaded, shape) as path:
+            if engine == "openvino":
+                results += bench.bench_openvino(path, shape, batch_sizes=batch_sizes, precision=options["precision"],
+                                                **timing)
+            else:
+                results += bench.bench_onnx(path, shape, batch_sizes=batch_sizes, device=options["device"], **timing)
     return results
+
+
+@contextlib.contextmanager
+def _as_file(spec: str, loaded: Any, shape: tuple[int, ...] | None) -> Iterator[str]:
+    """The file a runtime times: the file ``spec`` names, or the loaded model exported to a temporary ONNX file with
+    a dynamic batch (verified against PyTorch before it is timed)."""
+    if loaded is None:
+        yield spec
+        return
+    from optkit.export.onnx import export_onnx
+
+    with tempfile.TemporaryDirectory(prefix="optkit-bench-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        export_onnx(loaded.model, path, shape, dynamic_batch=True)
+        yield path
 
 
 def _print(runs: dict[str, list], specs: list[str], pairs: list[dict[str, Any]] | None) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from optkit.core.forms import TORCH
-from optkit.core.settings import SHARED_SETTINGS, check_input_shape, declared, validate_fields
+from optkit.core.settings import SHARED_SETTINGS, Settings, check_input_shape, declared
 
 if TYPE_CHECKING:
     from torch import nn
@@ -70,8 +70,8 @@ class PassResult:
 
 
 @dataclass(frozen=True)
-class Pass:
-    """Base class of every optkit pass.
+class Pass(Settings):
+    """Base class of every optkit pass: its settings (validated on creation, see :class:`Settings`) and the transform.
 
     Class attributes:
         name: the unique registry name (snake_case).
@@ -93,13 +93,6 @@ class Pass:
     variant_default: ClassVar[bool] = False
     accepts: ClassVar[str] = TORCH
     produces: ClassVar[str] = TORCH
-
-    def __post_init__(self) -> None:
-        validate_fields(self)
-        self.check()
-
-    def check(self) -> None:
-        """Validate rules that involve several settings; raise ``ValueError`` naming the fix."""
 
     def apply(self, model: nn.Module) -> PassResult:
         """Transform ``model`` and return it with details for the report."""

@@ -13,14 +13,14 @@ from optkit.core import forms, recipe
 from optkit.core.context import RunContext
 from optkit.core.contract import DEFAULT_INPUT_SHAPE, SHARED_SETTINGS, Pass, PassResult, check_input_shape
 from optkit.core.errors import FormError, OptkitError, PassError, RecipeError
-from optkit.core.forms import TORCH
 from optkit.core.files import write_text
+from optkit.core.forms import TORCH
 from optkit.core.settings import check_device
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from optkit.analysis.metrics import ModelStats
+    from optkit.model.stats import ModelStats
 
 #: A pipeline step: a registered-style :class:`Pass`, or any callable ``model -> model`` (torch is not imported here).
 Step = Pass | Callable[[Any], Any]
@@ -287,6 +287,6 @@ def _apply(step: Step, model: Any) -> PassResult:
 
 def _measure(model: nn.Module, input_shape: tuple[int, ...]) -> ModelStats:
     # Counting needs torch and the model's kind: imported when a pipeline runs, so importing core stays torch-free.
-    from optkit.analysis.metrics import measure
+    from optkit.model.stats import measure
 
     return measure(model, input_shape)

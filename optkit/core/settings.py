@@ -7,7 +7,7 @@ setting once::
                            flag="prune", enables=True)
 
 and everything else is read from that declaration: validation
-(:func:`validate_fields`, run by ``Pass.__post_init__``), recipe keys, CLI
+(:func:`validate_fields`, run when a :class:`Settings` is created), recipe keys, CLI
 options (:mod:`optkit.cli.generated`), the ``Args`` section of the class
 docstring and the generated settings reference (``docs/passes.md``).
 
@@ -178,6 +178,22 @@ def validate_fields(obj: Any) -> None:
         normalized = validate_value(f.name, value, spec, f.type)
         if normalized is not value:
             object.__setattr__(obj, f.name, normalized)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Base of a frozen dataclass of declared settings (every pass, and the settings groups passes share).
+
+    Creating one validates it: each declared field on its own (:func:`validate_fields`: type, range,
+    choices), then :meth:`check` for the rules that involve several settings.
+    """
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+        self.check()
+
+    def check(self) -> None:
+        """Validate rules that involve several settings; raise ``ValueError`` naming the fix."""
 
 
 def validate_value(name: str, value: Any, spec: Setting, annotation: Any) -> Any:

@@ -17,7 +17,7 @@ def check_fits(model: nn.Module, shape: tuple[int, ...], num_classes: int, data:
     import torch
 
     from optkit.core.errors import DataError
-    from optkit.analysis.metrics import example_input
+    from optkit.model.inputs import example_input
 
     was_training = model.training
     model.eval()

@@ -221,7 +221,7 @@ def _verify(step: nn.Module, path: Path, model: nn.Module, shapes: list[tuple[in
 
 def session(path: str | os.PathLike, threads: int | None = None, *, spinning: bool = False):
     """An ONNX Runtime CPU session of a decode graph (every core unless ``threads``)."""
-    from optkit.analysis.latency import onnx_session
+    from optkit.runtime.onnxrt import onnx_session
 
     return onnx_session(path, threads or os.cpu_count() or 1, spinning=spinning)
 

@@ -10,10 +10,12 @@ file stores what was asked, checks it with ``onnx.checker`` and compares ONNX
 Runtime's outputs with PyTorch's at two batch sizes. Only a verified file is
 moved into place; on any failure nothing is left behind.
 
-BatchNorms fed by a conv or linear layer are folded into it first
-(:func:`optkit.passes.batchnorm.passes.fold_batchnorm`); the rest (a BN before a
-conv, as in densenet) stay, and ONNX Runtime fuses what it can when it loads
-the graph. ``batchnorm_nodes`` in the result says how many are left in the file.
+BatchNorms fed by a conv or linear layer are folded into it first, by the
+folding engine (:func:`optkit.model.batchnorm.fold_batchnorm`, the one the
+``fold_batchnorm`` pass runs); the rest (a BN before a conv, as in densenet)
+stay, and ONNX Runtime fuses what it can when it loads the graph. When the
+engine cannot fold (no data flow found), the unfolded copy is exported and a
+note says why. ``batchnorm_nodes`` in the result says how many are left in the file.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optkit.core.errors import ExportError, first_line
+from optkit.core.errors import ExportError, OptkitError, first_line
 
 if TYPE_CHECKING:
     import onnx
@@ -251,7 +253,7 @@ def _route_experts_exportably(model: nn.Module) -> None:
 
 def _folded_copy(reference: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Module, str | None]:
     """A copy of ``reference`` with BatchNorm folded where possible (verification still compares with ``reference``)."""
-    from optkit.passes.batchnorm.passes import fold_batchnorm
+    from optkit.model.batchnorm import fold_batchnorm
 
     prepared = copy.deepcopy(reference)
     try:
@@ -439,10 +441,10 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     """
     import numpy as np
     import onnx
-    import onnxruntime as ort
     import torch
 
     from optkit.kinds import kind_of
+    from optkit.runtime.onnxrt import onnx_session
 
     try:
         onnx.checker.check_model(str(path))
@@ -454,9 +456,10 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
     model = model.eval()
     results = []
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise ExportError(f"ONNX Runtime cannot load the exported file: {first_line(e)}") from e
+        session = onnx_session(path)
+    except OptkitError as e:
+        reason = first_line(e.__cause__ or e)
+        raise ExportError(f"ONNX Runtime cannot load the exported file: {reason}") from e
     for index, b in enumerate(batches):
         inputs = kind.example_inputs(model, (b, *input_shape[1:]), seed=seed + index)
         with torch.no_grad():
@@ -505,7 +508,7 @@ def _result(target: Path, exporter: str, attempts: dict[str, str], opset: int, d
             model: nn.Module, seconds: float) -> ExportResult:
     import onnx
 
-    from optkit.analysis.metrics import weight_sparsity
+    from optkit.model.stats import weight_sparsity
 
     graph = onnx.load(str(target), load_external_data=False).graph
     batchnorms = sum(node.op_type == "BatchNormalization" for node in graph.node)

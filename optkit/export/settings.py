@@ -9,13 +9,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from optkit.core.settings import setting, validate_fields
+from optkit.core.settings import Settings, setting
 
 EXPORTERS = ("auto", "torchscript", "dynamo")
 
 
 @dataclass(frozen=True)
-class ExportSettings:
+class ExportSettings(Settings):
     """How a model is written to ONNX (see :func:`optkit.export.onnx.export_onnx`)."""
 
     opset: int | None = setting(None, help="ONNX opset (default 18).", low=7, flag="opset")
@@ -30,9 +30,6 @@ class ExportSettings:
     decode_graph: bool = setting(True, help="For a causal language model, also write NAME.decode.onnx: one step "
                                  "with a KV cache (a prefill or a decode step), verified against PyTorch, to "
                                  "generate text in ONNX Runtime (recipe setting).")
-
-    def __post_init__(self) -> None:
-        validate_fields(self)
 
     def export_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`optkit.export.onnx.export_onnx` (from these settings' own fields)."""

@@ -340,10 +340,11 @@ def output_batches(kind: ModelKind, model: nn.Module | str | os.PathLike, eval_s
 
 
 def _onnx_batches(path: str | os.PathLike, eval_set: EvalSet, batch_size: int) -> Iterator[torch.Tensor]:
-    import onnxruntime as ort
     import torch
 
-    session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    from optkit.runtime.onnxrt import onnx_session
+
+    session = onnx_session(path)
     names = [value.name for value in session.get_inputs()]
     count = len(eval_set.model_inputs().tensors())
     if len(names) != count:

@@ -218,10 +218,11 @@ def _detections(boxes, scores, labels) -> dict[str, torch.Tensor]:
 def _onnx_detections(path: str | os.PathLike, eval_set: EvalSet) -> list[dict[str, torch.Tensor]]:
     """Detections of an exported detector: one input per image, and per image its boxes, scores and labels first
     among its outputs (a Mask R-CNN's masks follow; see :meth:`Detection.outputs`)."""
-    import onnxruntime as ort
     import torch
 
-    session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    from optkit.runtime.onnxrt import onnx_session
+
+    session = onnx_session(path)
     inputs, outputs = session.get_inputs(), session.get_outputs()
     count, fields = len(inputs), len(DETECTION_FIELDS)
     per_image = len(outputs) // count

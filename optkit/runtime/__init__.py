@@ -1,1 +1,2 @@
-"""How this process runs: its place in a distributed launch (``torchrun``), shared by the CLI, workflow and passes."""
+"""How models and this process run: ONNX Runtime sessions (:mod:`optkit.runtime.onnxrt`), OpenVINO
+(:mod:`optkit.runtime.openvino`), and this process's place in a distributed launch (``torchrun``)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
@@ -143,24 +142,7 @@ def test_onnx_file_runs_only_in_onnxruntime(onnx_files):
     assert result.exit_code == 2 and "runs only with --engine onnxruntime" in result.output
 
 
-def test_torch_model_in_onnxruntime_needs_the_exporter(monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_export(name, *args, **kwargs):
-        if name == "optkit.export.onnx":
-            raise ImportError("no module named optkit.export.onnx")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "optkit.export.onnx", raising=False)
-    monkeypatch.setattr(builtins, "__import__", no_export)
-    with pytest.raises(OptkitError, match="needs optkit.export.onnx"):
-        bench.bench_exported(tiny(), (1, 3, 16, 16), repeats=1)
-
-
 def test_torch_model_in_both_engines():
-    pytest.importorskip("optkit.export.onnx", reason="timing a model in ONNX Runtime uses optkit.export.onnx")
     result = CliRunner().invoke(main, ["bench", "torchvision:squeezenet1_1", "--num-classes", "10", "--input-shape",
                                        "1,3,32,32", "--engine", "torch", "--engine", "onnxruntime", "--batch-size", "1",
                                        "--batch-size", "2", "--repeats", "2", "--warmup", "0", "--json"])

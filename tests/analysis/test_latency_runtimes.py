@@ -10,8 +10,10 @@ from torch import nn
 
 from optkit.analysis import latency
 from optkit.core.errors import OptkitError
-from optkit.export import openvino as ov
+from optkit.export import openvino as ir
 from optkit.export.onnx import export_onnx
+from optkit.runtime import onnxrt
+from optkit.runtime import openvino as ov
 
 SHAPE = (2, 3, 16, 16)
 
@@ -24,7 +26,7 @@ def files(tmp_path_factory):
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
     export_onnx(model.eval(), folder / "tiny.onnx", SHAPE)
     export_onnx(model.eval(), folder / "fixed.onnx", SHAPE, dynamic_batch=False)
-    ov.save(ov.read(folder / "tiny.onnx"), folder / "tiny.xml", "fp32")
+    ir.save(ov.read(folder / "tiny.onnx"), folder / "tiny.xml", "fp32")
     return {"onnx": folder / "tiny.onnx", "fixed": folder / "fixed.onnx", "xml": folder / "tiny.xml"}
 
 
@@ -38,10 +40,9 @@ def test_interleaved_timing_runs_each_file_in_its_runtime(files):
 
 
 def test_both_runtimes_get_the_same_inputs_and_agree(files):
-    session = latency.onnx_session(files["onnx"], 1)
+    session = onnxrt.onnx_session(files["onnx"], 1)
     compiled = ov.compile_model(files["xml"], threads=1, input_shape=SHAPE)
-    onnx_inputs, openvino_inputs = latency.onnx_feed(session, SHAPE, seed=3), latency.openvino_feed(compiled, SHAPE,
-                                                                                                  seed=3)
+    onnx_inputs, openvino_inputs = onnxrt.onnx_feed(session, SHAPE, seed=3), ov.openvino_feed(compiled, SHAPE, seed=3)
     np.testing.assert_array_equal(next(iter(onnx_inputs.values())), openvino_inputs[0])
     expected = session.run(None, onnx_inputs)[0]
     np.testing.assert_allclose(compiled(openvino_inputs)[0], expected, rtol=0, atol=1e-5 * np.abs(expected).max())

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from optkit import workflow
-from optkit.analysis.metrics import ModelStats
-from optkit.io.models import ArchSpec, LoadedModel
-from optkit.passes.prune.passes import UNSTRUCTURED_NOTE, L1Unstructured, StructuredPrune
 from optkit.core.pipeline import Pipeline, PassRecord, PipelineRun
+from optkit.io.models import ArchSpec, LoadedModel
+from optkit.model.stats import ModelStats
+from optkit.passes.prune.passes import UNSTRUCTURED_NOTE, L1Unstructured, StructuredPrune
 from optkit.analysis.report import (
     NO_LATENCY_NOTE,
     build_report,

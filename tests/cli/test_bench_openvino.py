@@ -12,8 +12,9 @@ from torch import nn
 
 from optkit.cli import main
 from optkit.demo import FASHION_RESNET
-from optkit.export import openvino as ov
+from optkit.export import openvino as ir
 from optkit.export.onnx import export_onnx
+from optkit.runtime import openvino as ov
 
 SHAPE = (1, 3, 16, 16)
 
@@ -25,7 +26,7 @@ def files(tmp_path_factory):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
     export_onnx(model.eval(), folder / "tiny.onnx", SHAPE)
-    ov.save(ov.read(folder / "tiny.onnx"), folder / "tiny.xml", "fp32")
+    ir.save(ov.read(folder / "tiny.onnx"), folder / "tiny.xml", "fp32")
     return {"onnx": folder / "tiny.onnx", "xml": folder / "tiny.xml"}
 
 

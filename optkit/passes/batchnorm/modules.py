@@ -14,7 +14,7 @@ class ConvBatchNorm(nn.Sequential):
 
     A plain subclass of ``nn.Sequential`` (children ``0`` and ``1``), so optkit's
     slimmed checkpoint can rebuild it, torch.fx traces through it, and
-    :func:`optkit.passes.batchnorm.passes.fold_batchnorm` folds the pair like any other.
+    :func:`optkit.model.batchnorm.fold_batchnorm` folds the pair like any other.
 
     Args:
         conv: the original convolution.

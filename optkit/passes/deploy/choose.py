@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from optkit.core.errors import DataError, ExportError
-from optkit.export import openvino as ov
+from optkit.export import openvino as ir
 from optkit.passes.deploy.convert import openvino_ir
 from optkit.passes.deploy.settings import CANDIDATES, DeploySettings
+from optkit.runtime import openvino as ov
 
 #: A timer takes the deployments to time (the baseline first) and returns each one's Latency, in order.
 Timer = Callable[[Sequence[Any]], Sequence[Any]]
@@ -242,8 +243,8 @@ def _publish(chosen: Candidate, source: Path) -> dict[str, int]:
         os.replace(chosen.built, target)
         return {target.name: target.stat().st_size}
     target = source.with_suffix(".xml")
-    ov.publish(chosen.built, target)
-    return {path.name: path.stat().st_size for path in ov.ir_files(target)}
+    ir.publish(chosen.built, target)
+    return {path.name: path.stat().st_size for path in ir.ir_files(target)}
 
 
 def _notes(chosen: Candidate, candidates: list[Candidate], reference: Any, threads: int, batch: int,

@@ -21,10 +21,11 @@ from typing import Any
 
 from optkit.core.errors import DataError, ExportError
 from optkit.core.settings import check_input_shape
-from optkit.export import openvino as ov
+from optkit.export import openvino as ir
 from optkit.passes.deploy.settings import CheckSettings
 from optkit.passes.quantize import verify
 from optkit.passes.quantize.calibration import Batches, load_batches
+from optkit.runtime import openvino as ov
 
 #: fp32 outputs must match ONNX Runtime's within this fraction of the largest output, like the ONNX export's check.
 FP32_RTOL = 1e-3
@@ -117,15 +118,15 @@ def openvino_ir(onnx_path: str | os.PathLike, xml_path: str | os.PathLike, preci
         calibration = load_batches(settings.calib_data, "train", shape, batch_size=batch,
                                    samples=settings.calibration_batches * batch,
                                    random=settings.random_calibration, seed=settings.seed)
-        model = ov.quantize(model, calibration.inputs)
+        model = ir.quantize(model, calibration.inputs)
     target = Path(xml_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".openvino", dir=target.parent))
     try:
         written = scratch / target.name
-        size = ov.save(model, written, precision)
+        size = ir.save(model, written, precision)
         result = _check(source, written, precision, settings, checking)
-        ov.publish(written, target)
+        ir.publish(written, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     notes = [RANDOM_NOTE.format(precision=precision)] if checking.source == "random" and precision != "fp32" else []

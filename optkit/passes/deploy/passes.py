@@ -64,7 +64,7 @@ class OpenVino(OpenVinoSettings, Pass):
             ExportError, DataError: as :func:`optkit.passes.deploy.convert.openvino_ir` does; nothing is written.
         """
         from optkit.analysis.latency import Deployment, interleaved_latency
-        from optkit.export import openvino as ov
+        from optkit.export import openvino as ir
         from optkit.passes.deploy.convert import openvino_ir
 
         if model.precision not in ("fp32", "fp16"):
@@ -81,7 +81,7 @@ class OpenVino(OpenVinoSettings, Pass):
         check = f"agreement {result['agreement']:.1%} with the FP32 file on {result['checked_on']}"
         if result["accuracy"] is not None:
             check += f", accuracy {result['accuracy_fp32']:.2%} -> {result['accuracy']:.2%}"
-        result.update(path=target.name, files={path.name: path.stat().st_size for path in ov.ir_files(target)},
+        result.update(path=target.name, files={path.name: path.stat().st_size for path in ir.ir_files(target)},
                       latency={"threads": threads, "batch_size": 1, "onnxruntime": onnx_time.to_dict(),
                                "openvino": ir_time.to_dict()},
                       latency_rows=[{"label": f"{label} vs ONNX Runtime FP32 ms ({threads} thr, batch 1)",

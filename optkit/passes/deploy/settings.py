@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from optkit.core.settings import args_section, declared, setting, validate_fields
-from optkit.passes.quantize.settings import Int8Settings
+from optkit.core.settings import Settings, args_section, declared, setting
+from optkit.passes.quantize.settings import Int8Settings, check_calibration_source
 
 PRECISIONS = ("fp32", "bf16", "int8")
 RUNTIMES = ("onnxruntime", "openvino")
@@ -42,7 +42,7 @@ def check_candidates(value) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class CheckSettings:
+class CheckSettings(Settings):
     """How a deployment is checked on the task against the FP32 model (the INT8 settings of the same names)."""
 
     calib_data: str | None = _as_int8("calib_data", help="Dataset spec whose images calibrate INT8 models and "
@@ -58,19 +58,13 @@ class CheckSettings:
     max_accuracy_drop: float = _as_int8("max_accuracy_drop")
     seed: int = _as_int8("seed")
 
-    def __post_init__(self) -> None:
-        validate_fields(self)
-        self.check()
-
     def check(self) -> None:
-        """Rules that involve several settings.
+        """Rules that involve several settings (those of INT8's calibration).
 
         Raises:
             ValueError: naming the settings that conflict.
         """
-        if self.random_calibration and self.calib_data is not None:
-            raise ValueError("give either calib_data (--calib-data) or random_calibration (--random-calibration), "
-                             "not both")
+        check_calibration_source(self)
 
     def int8_settings(self, **changes) -> Int8Settings:
         """The INT8 settings of ONNX Runtime's quantization with this check."""

@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES
 from optkit.core.errors import TrainingError
 from optkit.data.loader import make_loader
+from optkit.model.stats import PRUNABLE_WEIGHT_TYPES
 from optkit.passes.device.passes import resolve_device
 from optkit.passes.finetune.checkpoints import Checkpoints, RunState, run_identity
 from optkit.runtime.distributed import (all_finite, all_reduce_sum, broadcast_buffers, init_distributed,

@@ -132,7 +132,7 @@ class FineTune(Pass):
         return self._fit(model, blocks("train", self.max_train_samples or 10 ** 9), blocks("val", TEXT_VAL_BLOCKS), [])
 
     def _fit(self, model: nn.Module, train_set, val_set, notes: list[str | None]) -> PassResult:
-        from optkit.analysis.metrics import model_device
+        from optkit.kinds import model_device
         from optkit.passes.finetune.loop import fit
 
         home = model_device(model)

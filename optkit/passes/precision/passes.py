@@ -39,8 +39,9 @@ class Autocast(Pass):
     input_shape: tuple[int, ...] | None = shared_setting("input_shape")
 
     def apply(self, model: nn.Module) -> PassResult:
+        from optkit.kinds import model_device
+        from optkit.model.inputs import example_input
         from optkit.passes.precision.autocast import AutocastModule, resolve_amp, time_forward
-        from optkit.analysis.metrics import example_input, model_device
 
         inner = model.optkit_unwrap() if isinstance(model, AutocastModule) else model
         device = model_device(inner)

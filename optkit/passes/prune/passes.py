@@ -60,7 +60,7 @@ class L1Unstructured(Pass):
     def apply(self, model: nn.Module) -> PassResult:
         from torch.nn.utils import prune
 
-        from optkit.analysis.metrics import prunable_weights, weight_sparsity
+        from optkit.model.stats import prunable_weights, weight_sparsity
 
         targets = [(module, "weight") for _, module in prunable_weights(model)]
         if not targets:
@@ -200,8 +200,8 @@ class StructuredPrune(Pass):
             a :class:`~optkit.passes.prune.targets.configs.RatioTarget`, ``MacsTarget``, ``ParamsTarget``,
             ``LatencyTarget`` or ``SensitivityTarget``.
         """
-        from optkit.passes.prune.targets import configs as targets
         from optkit.passes.prune.hf import describes_transformer
+        from optkit.passes.prune.targets import configs as targets
 
         if self.target_latency is not None:
             round_to = None if self.round_to == "auto" else self.round_to

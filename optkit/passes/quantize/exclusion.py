@@ -119,7 +119,7 @@ def _probe(path: str | os.PathLike, tensors: list[str], probe: Path):
     import onnx
     from onnx import helper
 
-    from optkit.analysis.latency import onnx_session as session
+    from optkit.runtime.onnxrt import onnx_session
 
     model = onnx.load(str(path))
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
@@ -129,7 +129,7 @@ def _probe(path: str | os.PathLike, tensors: list[str], probe: Path):
     model.graph.output.extend(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
                               for t in sorted(set(names.values())) if t not in existing)
     onnx.save(model, str(probe))
-    s = session(probe, 1)
+    s = onnx_session(probe, 1, spinning=False)
     probe.unlink()
     feeds = [i.name for i in s.get_inputs()]
     outputs = [o.name for o in s.get_outputs()]

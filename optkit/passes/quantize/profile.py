@@ -47,17 +47,13 @@ def node_times(path: str | os.PathLike, graph_path: str | os.PathLike, nodes: Co
         ``{node name: ms}`` for the nodes whose kernels could be traced.
     """
     import numpy as np
-    import onnxruntime as ort
+
+    from optkit.runtime.onnxrt import onnx_session
 
     resolve = _resolver(graph_path, set(nodes))
     feed = np.random.default_rng(0).standard_normal(tuple(input_shape), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="optkit-profile-") as folder:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(folder) / "profile")
-        session = ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+        session = onnx_session(path, threads, profile_prefix=Path(folder) / "profile")
         inputs = {session.get_inputs()[0].name: feed}
         for _ in range(warmup + runs):
             session.run(None, inputs)

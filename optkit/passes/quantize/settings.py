@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from optkit.core.settings import args_section, calib_data_setting, setting, validate_fields
+from optkit.core.settings import Settings, args_section, calib_data_setting, setting
 
 MODES = ("static", "dynamic")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 
 
+def check_calibration_source(settings: Settings) -> None:
+    """The rule every setting group with ``calib_data`` and ``random_calibration`` keeps: one source, not both.
+
+    Raises:
+        ValueError: naming both settings.
+    """
+    if settings.random_calibration and settings.calib_data is not None:
+        raise ValueError("give either calib_data (--calib-data) or random_calibration (--random-calibration), "
+                         "not both")
+
+
 @dataclass(frozen=True)
-class Int8Settings:
+class Int8Settings(Settings):
     """INT8 quantization of an exported ONNX model with ONNX Runtime (static QDQ or dynamic)."""
 
     mode: str = setting("static", help="static: weights and activations INT8, calibrated on data (CNNs); dynamic: "
@@ -56,19 +67,13 @@ class Int8Settings:
     seed: int = setting(0, help="Seed of the random calibration inputs and of the checking images' order.", low=0,
                         flag="int8-seed")
 
-    def __post_init__(self) -> None:
-        validate_fields(self)
-        self.check()
-
     def check(self) -> None:
         """Rules that involve several settings.
 
         Raises:
             ValueError: naming the settings that conflict.
         """
-        if self.random_calibration and self.calib_data is not None:
-            raise ValueError("give either calib_data (--calib-data) or random_calibration (--random-calibration), "
-                             "not both")
+        check_calibration_source(self)
         if self.mode == "dynamic" and self.calibration_method != "minmax":
             raise ValueError("calibration_method applies to static mode only; dynamic mode has no calibration")
 

@@ -46,9 +46,9 @@ class Agreement:
 
 def outputs(path: str | os.PathLike, batches: Batches, *, threads: int = 1) -> np.ndarray:
     """The first output of an ONNX model on every batch, stacked, flattened to ``samples × values``."""
-    from optkit.analysis.latency import onnx_session as session
+    from optkit.runtime.onnxrt import onnx_session
 
-    s = session(path, threads)
+    s = onnx_session(path, threads, spinning=False)
     name = s.get_inputs()[0].name
     return np.concatenate([s.run(None, {name: x})[0].reshape(len(x), -1) for x in batches.inputs])
 

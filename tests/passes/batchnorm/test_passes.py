@@ -6,133 +6,54 @@ import copy
 
 import pytest
 import torch
-import torchvision
 from torch import nn
 
 from optkit.io import checkpoint
 
 from optkit.io import models
+from optkit.model.batchnorm import fold_batchnorm
+from optkit.model.dataflow import data_flow
 from optkit.passes import get_pass
-from optkit.passes.batchnorm import dataflow as _dataflow
 from optkit.passes.batchnorm.modules import ConvBatchNorm
 from optkit.passes.batchnorm.passes import (
     FoldBatchNorm,
     InsertBatchNorm,
     RecalibrateBatchNorm,
-    fold_batchnorm,
     insert_batchnorm,
     recalibrate_batchnorm,
 )
 from optkit.core.pipeline import Pipeline
+from tests.support.batchnorm_nets import BNS, CONVS, DataDependent, build, eval_out, randomize_bn, rel
 
 SHAPE = (1, 3, 64, 64)
-CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-BNS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-
-
-class BranchConcatCNN(nn.Module):
-    """Two conv branches concatenated, a functional ReLU and a residual add: module order says nothing."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.left = nn.Conv2d(8, 8, 3, padding=1, bias=False)
-        self.right = nn.Conv2d(8, 8, 1)
-        self.merge = nn.Conv2d(16, 16, 3, stride=2, padding=1)
-        self.head = nn.Linear(16, 5)
-
-    def forward(self, x):
-        x = torch.relu(self.stem(x))
-        x = torch.cat([torch.relu(self.left(x)), self.right(x) + x], dim=1)
-        x = torch.relu(self.merge(x))
-        return self.head(x.mean(dim=(2, 3)))
-
-
-class DataDependent(nn.Module):
-    """torch.fx cannot trace this (``if`` on a tensor value), so the autograd-graph fallback is used."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.bn2 = nn.BatchNorm2d(8)
-        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        x = torch.relu(self.bn1(self.conv1(x)))
-        if x.mean() > -1:  # always true; only its data dependence matters
-            y = self.conv2(x)
-            x = self.bn2(y) + y  # conv2 also feeds the add: bn2 cannot be folded
-        x = torch.relu(self.conv3(x))
-        return self.head(x.mean(dim=(2, 3)))
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
-
-
-def _eval_out(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    model.eval()
-    with torch.no_grad():
-        return model(x)
-
-
-def _randomize_bn(model: nn.Module) -> None:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, BNS):
-                n = m.num_features
-                m.running_mean.copy_(torch.rand(n, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(n, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(n, generator=g) - 0.5)
 
 
 def _bn_after_every_conv(model: nn.Module) -> list[str]:
     """Convs whose output does not go straight into a BatchNorm (by data flow)."""
-    flow = _dataflow.data_flow(model, torch.randn(SHAPE))
+    flow = data_flow(model, torch.randn(SHAPE))
     modules = dict(model.named_modules())
     return [name for name, m in modules.items() if isinstance(m, CONVS)
             if not any(isinstance(modules.get(u), BNS) for u in flow.users[name])]
-
-
-@pytest.fixture
-def no_fx(monkeypatch):
-    """Force the autograd-graph fallback, as for a model torch.fx cannot trace."""
-    def refuse(model):
-        raise RuntimeError("tracing disabled by the test")
-    monkeypatch.setattr(_dataflow, "_fx_flow", refuse)
-
-
-def _build(name: str) -> nn.Module:
-    if name == "branch_concat":
-        torch.manual_seed(0)
-        return BranchConcatCNN()
-    torch.manual_seed(0)
-    return torchvision.models.get_model(name, weights=None, num_classes=10)
 
 
 # --- insert -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["vgg11", "alexnet", "squeezenet1_0", "branch_concat"])
 def test_insert_preserves_eval_output_and_covers_every_conv(name):
-    model = _build(name)
+    model = build(name)
     x = torch.randn(2, *SHAPE[1:])
-    before = _eval_out(model, x)
+    before = eval_out(model, x)
     convs = sum(isinstance(m, CONVS) for m in model.modules())
 
     details = insert_batchnorm(model, input_shape=SHAPE)
 
     assert len(details["inserted"]) == convs
-    assert _rel(_eval_out(model, x), before) <= 1e-5
+    assert rel(eval_out(model, x), before) <= 1e-5
     assert _bn_after_every_conv(model) == []
 
 
 def test_insert_is_a_no_op_on_resnet():
-    model = _build("resnet18")
+    model = build("resnet18")
     types_before = [type(m) for m in model.modules()]
     details = insert_batchnorm(model, input_shape=SHAPE)
     assert details["inserted"] == []
@@ -141,7 +62,7 @@ def test_insert_is_a_no_op_on_resnet():
 
 
 def test_insert_twice_inserts_nothing_the_second_time():
-    model = _build("branch_concat")
+    model = build("branch_concat")
     insert_batchnorm(model)
     assert insert_batchnorm(model)["inserted"] == []
 
@@ -162,7 +83,7 @@ def test_insert_matches_conv_dimensionality():
 
 
 def test_insert_with_calibration_sets_statistics_from_activations():
-    model = _build("branch_concat")
+    model = build("branch_concat")
     reference = copy.deepcopy(model).eval()
     g = torch.Generator().manual_seed(1)
     batches = [(torch.rand(16, 3, 32, 32, generator=g), torch.zeros(16)) for _ in range(3)]
@@ -182,123 +103,38 @@ def test_insert_with_calibration_sets_statistics_from_activations():
     torch.testing.assert_close(bn.running_var, activations.var(dim=1), rtol=1e-3, atol=1e-6)
     torch.testing.assert_close(bn.weight.detach(), (bn.running_var + bn.eps).sqrt())
     x = torch.rand(16, 3, 32, 32, generator=g)
-    assert _rel(_eval_out(model, x), _eval_out(reference, x)) <= 1e-5
+    assert rel(eval_out(model, x), eval_out(reference, x)) <= 1e-5
     model.train()
     with torch.no_grad():
         train_out = model(x)
-    assert _rel(train_out, _eval_out(reference, x)) <= 0.1
+    assert rel(train_out, eval_out(reference, x)) <= 0.1
 
 
 def test_insert_rejects_empty_calibration():
     with pytest.raises(ValueError, match="at least one batch"):
-        insert_batchnorm(_build("branch_concat"), [])
+        insert_batchnorm(build("branch_concat"), [])
 
 
 def test_insert_uses_autograd_graph_when_fx_cannot_trace():
     model = DataDependent()
     x = torch.randn(2, 3, 16, 16)
-    before = _eval_out(model, x)
+    before = eval_out(model, x)
     details = insert_batchnorm(model, input_shape=(1, 3, 16, 16))
     assert details["dataflow"] == "autograd" and "fx_error" in details
     assert details["inserted"] == ["conv3"]
     assert sorted(details["already_normalized"]) == ["conv1", "conv2"]
-    assert _rel(_eval_out(model, x), before) <= 1e-5
-
-
-# --- fold -------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "regnet_y_400mf"])
-def test_fold_preserves_output_and_removes_batchnorms(name):
-    model = _build(name)
-    _randomize_bn(model)
-    x = torch.randn(2, *SHAPE[1:])
-    before = _eval_out(model, x)
-    bns = sum(isinstance(m, BNS) for m in model.modules())
-
-    details = fold_batchnorm(model, input_shape=SHAPE)
-
-    assert _rel(_eval_out(model, x), before) <= 1e-4
-    assert len(details["folded"]) == bns and details["not_folded"] == {}
-    assert not any(isinstance(m, BNS) for m in model.modules())
-
-
-@pytest.mark.slow
-def test_fold_leaves_densenet_bn_before_conv_and_reports_it():
-    model = _build("densenet121")
-    _randomize_bn(model)
-    x = torch.randn(2, *SHAPE[1:])
-    before = _eval_out(model, x)
-    details = fold_batchnorm(model, input_shape=SHAPE)
-    assert _rel(_eval_out(model, x), before) <= 1e-4
-    assert "features.norm0" in details["folded"]
-    assert "op:cat" in details["not_folded"]["features.denseblock1.denselayer1.norm1"]
-    left = {name for name, m in model.named_modules() if isinstance(m, BNS)}
-    assert left == set(details["not_folded"])
-
-
-@pytest.mark.parametrize("fx", [True, False], ids=["fx", "autograd"])
-def test_fold_leaves_bn_that_comes_before_the_conv(fx, request):
-    if not fx:
-        request.getfixturevalue("no_fx")
-    model = nn.Sequential(nn.BatchNorm2d(3), nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
-    _randomize_bn(model)
-    x = torch.randn(2, 3, 16, 16)
-    before = _eval_out(model, x)
-    details = fold_batchnorm(model, input_shape=(1, 3, 16, 16))
-    assert details["dataflow"] == ("fx" if fx else "autograd")
-    assert details["folded"] == {"2": "1"}
-    assert "input" in details["not_folded"]["0"]
-    assert isinstance(model[0], nn.BatchNorm2d) and isinstance(model[2], nn.Identity)
-    assert _rel(_eval_out(model, x), before) <= 1e-5
-
-
-def test_fold_leaves_bn_whose_conv_also_feeds_an_add_without_fx():
-    model = DataDependent()
-    _randomize_bn(model)
-    x = torch.randn(2, 3, 16, 16)
-    before = _eval_out(model, x)
-    details = fold_batchnorm(model, input_shape=(1, 3, 16, 16))
-    assert details["dataflow"] == "autograd"
-    assert details["folded"] == {"bn1": "conv1"}
-    assert "conv2's output also goes to" in details["not_folded"]["bn2"]
-    assert _rel(_eval_out(model, x), before) <= 1e-5
-
-
-def test_fold_linear_into_batchnorm1d_only_for_2d_outputs():
-    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.BatchNorm1d(6), nn.Unflatten(1, (6, 1)),
-                          nn.Linear(1, 6), nn.BatchNorm1d(6))
-    _randomize_bn(model)
-    x = torch.randn(4, 3, 2, 2)
-    before = _eval_out(model, x)
-    details = fold_batchnorm(model, input_shape=(1, 3, 2, 2))
-    assert details["folded"] == {"2": "1"}
-    assert "not 2-D" in details["not_folded"]["5"]
-    assert _rel(_eval_out(model, x), before) <= 1e-5
+    assert rel(eval_out(model, x), before) <= 1e-5
 
 
 def test_insert_then_fold_removes_the_wrapper_batchnorm():
-    model = _build("vgg11")
+    model = build("vgg11")
     x = torch.randn(2, *SHAPE[1:])
-    before = _eval_out(model, x)
+    before = eval_out(model, x)
     insert_batchnorm(model, [torch.randn(4, *SHAPE[1:]) for _ in range(2)])
     details = fold_batchnorm(model, input_shape=SHAPE)
     assert len(details["folded"]) == 8
     assert not any(isinstance(m, BNS) for m in model.modules())
-    assert _rel(_eval_out(model, x), before) <= 1e-4
-
-
-def test_dataflow_fallback_agrees_with_fx_on_module_edges():
-    model = _build("resnet18")
-
-    def modules_only(labels):
-        return {label for label in labels if not label.startswith("op:")}
-
-    fx = _dataflow._fx_flow(model)
-    graph = _dataflow._autograd_flow(model, torch.randn(SHAPE))
-    assert dict(graph.calls) == dict(fx.calls)
-    for name in fx.calls:
-        assert modules_only(graph.users[name]) == modules_only(fx.users[name]), name
-        assert modules_only(graph.producers[name]) == modules_only(fx.producers[name]), name
+    assert rel(eval_out(model, x), before) <= 1e-4
 
 
 # --- recalibrate ------------------------------------------------------------------------------
@@ -311,7 +147,7 @@ def _small_bn_net() -> nn.Module:
 
 def test_recalibrate_computes_cumulative_statistics_without_touching_weights():
     model = _small_bn_net()
-    _randomize_bn(model)
+    randomize_bn(model)
     model[1].momentum = 0.3
     model.train()
     weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "num_batches" not in k}
@@ -344,7 +180,7 @@ class OneOfTwo(nn.Module):
 
 def test_recalibrate_keeps_statistics_of_unreached_batchnorm():
     model = OneOfTwo()
-    _randomize_bn(model)
+    randomize_bn(model)
     unused_mean = model.unused.running_mean.clone()
     details = recalibrate_batchnorm(model, [torch.randn(4, 3, 5, 5)])
     assert details["not_reached"] == ["unused"]
@@ -354,7 +190,7 @@ def test_recalibrate_keeps_statistics_of_unreached_batchnorm():
 
 def test_recalibrate_rejects_no_batches_and_restores_state():
     model = _small_bn_net()
-    _randomize_bn(model)
+    randomize_bn(model)
     mean = model[1].running_mean.clone()
     with pytest.raises(ValueError, match="no batches"):
         recalibrate_batchnorm(model, [])
@@ -389,14 +225,14 @@ def test_pipeline_with_data_specs_and_recipe_round_trip():
     assert Pipeline.from_toml(pipeline.to_toml()).to_toml() == pipeline.to_toml()
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3))
     x = torch.randn(2, 3, 16, 16)
-    before = _eval_out(model, x)
+    before = eval_out(model, x)
     run = pipeline.run(model, measure_stats=False)
     inserted, recalibrated, folded = (r.details for r in run.records)
     assert inserted["inserted"] == ["0", "2"] and inserted["calibration_batches"] == 2
     assert recalibrated["batches"] == 3 and recalibrated["recalibrated"] == 2
     assert len(folded["folded"]) == 2
     # Recalibration re-estimated the statistics the BN weights were set to undo, so outputs move a little.
-    assert _rel(_eval_out(run.model, x), before) <= 0.2
+    assert rel(eval_out(run.model, x), before) <= 0.2
 
 
 @pytest.mark.slow  # 20 s of VGG-11 weights saved and loaded twice
@@ -409,13 +245,13 @@ def test_inserted_and_folded_models_round_trip_through_checkpoint(tmp_path):
     loaded = models.load_model(tmp_path / "inserted.pt")
     assert isinstance(loaded.features[0], ConvBatchNorm) and isinstance(loaded.features[0][1], nn.BatchNorm2d)
     assert loaded.state_dict().keys() == model.state_dict().keys()
-    torch.testing.assert_close(_eval_out(loaded, x), _eval_out(model, x), rtol=0, atol=0)
+    torch.testing.assert_close(eval_out(loaded, x), eval_out(model, x), rtol=0, atol=0)
 
     fold_batchnorm(loaded, input_shape=SHAPE)
     checkpoint.save(loaded, tmp_path / "folded.pt", arch)
     reloaded = models.load_model(tmp_path / "folded.pt")
     assert isinstance(reloaded.features[0][1], nn.Identity)
-    assert _rel(_eval_out(reloaded, x), _eval_out(model, x)) <= 1e-4
+    assert rel(eval_out(reloaded, x), eval_out(model, x)) <= 1e-4
 
 
 def test_optimize_flags_build_batchnorm_entries():

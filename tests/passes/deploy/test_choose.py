@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from optkit.core.errors import ExportError
-from optkit.export import openvino as ov
 from optkit.passes.deploy import DeploySettings, choose_deployment, pick
 from optkit.passes.deploy.choose import Candidate
+from optkit.runtime import openvino as ov
 
 SHAPE = (1, 1, 28, 28)
 BASELINE = ("onnxruntime", None)

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from optkit.cli import main
 from optkit.demo import FASHION_RESNET
-from optkit.export import openvino as ov
 from optkit.io import models
+from optkit.runtime import openvino as ov
 
 ARCH = "optkit.demo.fashion_resnet:FashionResNet"
 #: bf16 where the CPU has it (the fastest set here), else fp32, so the same runs pass on any x86 CPU.

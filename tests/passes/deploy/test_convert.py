@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from optkit.core.errors import DataError, ExportError
-from optkit.export import openvino as ov
 from optkit.passes.deploy import CheckSettings, openvino_ir
+from optkit.runtime import openvino as ov
 
 SHAPE = (1, 1, 28, 28)
 #: With 256 checking images one changed decision is 0.4 points; bf16 and INT8 keep nearly all of a ReLU CNN's.

@@ -11,8 +11,8 @@ from torch import nn
 from optkit.io import checkpoint
 
 from optkit.core import recipe
-from optkit.analysis.metrics import count_macs, count_params, weight_sparsity
 from optkit.io.models import ArchSpec, load_model, torchvision_names
+from optkit.model.stats import count_macs, count_params, weight_sparsity
 from optkit.passes.prune.graph import limits as _prune_limits
 from optkit.passes.prune.passes import L1Unstructured, StructuredPrune, skipped_layers
 

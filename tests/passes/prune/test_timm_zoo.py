@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optkit.analysis.metrics import count_macs
+from optkit.model.stats import count_macs
 from optkit.passes.prune.passes import StructuredPrune
 
 timm = pytest.importorskip("timm")

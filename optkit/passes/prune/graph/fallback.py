@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from optkit.analysis.metrics import detach_caches
 from optkit.kinds.base import call_with
+from optkit.model.state import detach_caches
 from optkit.passes.prune.graph import pruner as _engine
 from optkit.passes.prune.graph import limits as _limits
 
@@ -357,7 +357,7 @@ def output_shapes(model: nn.Module, inputs: Any) -> list:
     """Shapes of every tensor ``model`` returns for ``inputs`` (eval mode, no gradient)."""
     import torch
 
-    from optkit.analysis.metrics import eval_mode
+    from optkit.model.state import eval_mode
 
     with eval_mode(model), torch.no_grad():
         return [tuple(t.shape) for t in _tensors(call_with(model, inputs))]
@@ -367,7 +367,7 @@ def check_runs(model: nn.Module, inputs: Any, reference: list) -> str | None:
     """``None`` if ``model`` runs forward and backward with the ``reference`` output shapes, else why not."""
     import torch
 
-    from optkit.analysis.metrics import eval_mode
+    from optkit.model.state import eval_mode
 
     with eval_mode(model), torch.enable_grad():
         outputs = _tensors(call_with(model, inputs))

@@ -75,7 +75,7 @@ def user_choices(root: nn.Module, ignored_layers: Iterable[str],
     Raises:
         ValueError: for a pattern that matches no module.
     """
-    from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES
+    from optkit.model.stats import PRUNABLE_WEIGHT_TYPES
 
     modules = dict(root.named_modules())
     held: dict[Any, str] = {}
@@ -267,7 +267,7 @@ def capture_inputs(root: nn.Module, inputs: Any, names: list[str]) -> dict[str, 
     """
     import torch
 
-    from optkit.analysis.metrics import eval_mode
+    from optkit.model.state import eval_mode
 
     captured: dict[str, Any] = {}
 
@@ -301,7 +301,7 @@ def prunable_modules(plan: Plan) -> set:
 
 def skipped_report(root: nn.Module, plans: list[Plan], changed: set, round_to: int) -> dict[str, str]:
     """Conv/linear layers of ``root`` left untouched, with the reason for each."""
-    from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES
+    from optkit.model.stats import PRUNABLE_WEIGHT_TYPES
 
     covered = {sub for m in changed if hasattr(m, "modules") for sub in m.modules()}
     held = {m: reason for plan in plans for m, reason in plan.held.items()}

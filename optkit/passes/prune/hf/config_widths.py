@@ -212,7 +212,7 @@ def _only_channels(current: Shapes, edited: Shapes, layers: dict[str, nn.Module]
     axes that narrow exactly as some conv/linear channel count does."""
     from torch import nn
 
-    from optkit.analysis.metrics import PRUNABLE_WEIGHT_TYPES
+    from optkit.model.stats import PRUNABLE_WEIGHT_TYPES
 
     if edited.keys() != current.keys():
         return False

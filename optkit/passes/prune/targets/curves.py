@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass
-from optkit.core.settings import setting, validate_fields
+from optkit.core.settings import Settings, setting
 
 if TYPE_CHECKING:
     from torch import nn
@@ -59,7 +59,7 @@ _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SensitivitySettings:
+class SensitivitySettings(Settings):
     """How the per-group curves are measured."""
 
     data: str = setting(help="Dataset spec: its val split scores each pruned copy, its train split recalibrates "
@@ -81,8 +81,12 @@ class SensitivitySettings:
     time_budget_s: float = setting(300.0, help="Stop measuring after this many seconds; groups left unmeasured "
                                    "are not pruned by the allocation (0: no limit).", low=0, flag="time-budget")
 
-    def __post_init__(self) -> None:
-        validate_fields(self)
+    def check(self) -> None:
+        """Rules that involve several values: the ratios are distinct.
+
+        Raises:
+            ValueError: naming the repeated ratios.
+        """
         if len(set(self.ratios)) != len(self.ratios):
             raise ValueError(f"ratios must be distinct; got {self.ratios}")
 
@@ -223,9 +227,9 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
         DataError: for a missing dataset, or data whose classes or image shape the model does not take.
     """
     from optkit.analysis.evaluation import EvalSettings, load_eval_set, torch_logits
-    from optkit.passes.prune.targets.latency_table import layer_specs
-    from optkit.analysis.metrics import count_macs
+    from optkit.model.stats import count_macs
     from optkit.passes.prune.graph.groups import prunable_groups
+    from optkit.passes.prune.targets.latency_table import layer_specs
 
     start = time.perf_counter()
     shape = tuple(prune.input_shape or DEFAULT_INPUT_SHAPE)
@@ -278,7 +282,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
     def score_model(pruned: nn.Module) -> Point:
         import copy
 
-        from optkit.analysis.metrics import count_macs
+        from optkit.model.stats import count_macs
 
         candidate = copy.deepcopy(pruned)
         scores = _scored(candidate, eval_set, calibration, reference, settings.batch_size)
@@ -292,7 +296,7 @@ def _measure(model: nn.Module, template: Pass, curve: Curve, ratio: float, eval_
              reference, macs: int, batch_size: int) -> dict[str, Any]:
     import copy
 
-    from optkit.analysis.metrics import count_macs
+    from optkit.model.stats import count_macs
 
     candidate = copy.deepcopy(model)
     dataclasses.replace(template, layer_ratios={curve.pattern: ratio}).prune(candidate, 0.0)
@@ -357,7 +361,7 @@ def _cache_key(model: nn.Module, settings: SensitivitySettings, template: Pass,
     import torch_pruning
 
     from optkit import __version__
-    from optkit.analysis.metrics import fingerprint
+    from optkit.model.stats import fingerprint
 
     described = {"method": SCORING_VERSION, "model": fingerprint(model), "data": settings.data, "samples": settings.samples,
                  "calibration_samples": settings.calibration_samples, "shape": list(shape),

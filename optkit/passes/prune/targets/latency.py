@@ -70,7 +70,7 @@ def search(target: LatencyTarget, spec: PruneSpec, model: nn.Module) -> PassResu
         timed: proposal, aim, predicted, measured and MACs fractions, importance removed, and the two
         ``timings`` of those timed again) and the kept prune's details.
     """
-    from optkit.analysis.metrics import count_macs
+    from optkit.model.stats import count_macs
     from optkit.passes.prune.targets.latency_table import build_table, predict
     from optkit.passes.prune.targets.ratio import search as macs_search
 

@@ -164,7 +164,9 @@ def layer_specs(model: nn.Module, input_shape: tuple[int, ...], batch: int = 1) 
     import torch
     from torch import nn
 
-    from optkit.analysis.metrics import eval_mode, example_input, prunable_weights
+    from optkit.model.inputs import example_input
+    from optkit.model.state import eval_mode
+    from optkit.model.stats import prunable_weights
 
     specs: dict[str, dict[str, Any]] = {}
 
@@ -201,8 +203,8 @@ def _time_layer(spec: dict[str, Any], threads: int, step: int, repeats: int) -> 
     """Time one layer signature at its channel grid: ``{in_grid, out_grid, ms}``."""
     import numpy as np
 
-    from optkit.analysis.latency import onnx_session
-    from optkit.analysis.metrics import time_callable
+    from optkit.analysis.latency import time_callable
+    from optkit.runtime.onnxrt import onnx_session
 
     out_grid = _grid(spec["out"], step)
     in_grid = [spec["in"]] if spec["depthwise"] else _grid(spec["in"], step)

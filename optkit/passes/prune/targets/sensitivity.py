@@ -130,7 +130,7 @@ def _candidate_summary(candidate: tuple, measured_loss: float) -> dict[str, Any]
 def _corrected(model: nn.Module, spec: PruneSpec, target: SensitivityTarget, specs: dict[str, dict[str, Any]],
                round_to: int, tries: list[dict[str, float]], best: tuple | None, spread: float) -> tuple:
     """Allocate at ``round_to``, prune a copy, correct the aim by the achieved MACs; the closest try so far."""
-    from optkit.analysis.metrics import count_macs
+    from optkit.model.stats import count_macs
 
     sensitivity, goal = target.sensitivity, target.fraction
     aim = goal

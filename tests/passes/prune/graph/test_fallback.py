@@ -10,7 +10,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from optkit.analysis.metrics import count_macs
+from optkit.model.stats import count_macs
 from optkit.passes.prune.graph import arch as _arch
 from optkit.passes.prune.graph import pruner as _engine
 from optkit.passes.prune.graph import fallback as _fallback

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from optkit.analysis.metrics import count_macs
 from optkit.demo.fashion_resnet import FashionResNet
+from optkit.model.stats import count_macs
 from optkit.passes.prune import StructuredPrune
 from optkit.passes.prune.passes import DEFAULT_ROUND_TO
 

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from optkit.analysis.metrics import count_macs
-from optkit.passes.prune.targets.curves import Curve, Point, Sensitivity, SensitivitySettings, analyze
+from optkit.model.stats import count_macs
 from optkit.passes.prune.graph.groups import Group
 from optkit.passes.prune.passes import StructuredPrune
+from optkit.passes.prune.targets.curves import Curve, Point, Sensitivity, SensitivitySettings, analyze
 from optkit.passes.prune.targets.sensitivity import allocate
 
 DATA = "synthetic:96:3x16x16:4"

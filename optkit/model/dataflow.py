@@ -1,7 +1,8 @@
 """Which module feeds which: the data flow between a model's submodules.
 
-The BatchNorm passes decide "this conv is followed by a norm layer" and "this
-BN reads only that conv" from the data flow, not from module order (a
+The BatchNorm passes and the folding engine (:mod:`optkit.model.batchnorm`)
+decide "this conv is followed by a norm layer" and "this BN reads only that
+conv" from the data flow, not from module order (a
 module's position in ``named_modules()`` says nothing about where its output
 goes: branches, concatenations and shared layers break that assumption).
 
@@ -51,6 +52,13 @@ class DataFlow:
     users: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     producers: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     fx_error: str | None = None
+
+    def details(self) -> dict[str, Any]:
+        """How the flow was found, for a pass's details: ``dataflow`` (the method) and ``fx_error`` when fx failed."""
+        details: dict[str, Any] = {"dataflow": self.method}
+        if self.fx_error:
+            details["fx_error"] = self.fx_error
+        return details
 
 
 def data_flow(model: nn.Module, example: torch.Tensor | None) -> DataFlow:
@@ -103,7 +111,7 @@ def _fx_label(node: Any) -> str:
 def _autograd_flow(model: nn.Module, example: torch.Tensor) -> DataFlow:
     import torch
 
-    from optkit.analysis.metrics import eval_mode
+    from optkit.model.state import eval_mode
 
     flow = DataFlow("autograd")
     owner: dict[Any, str] = {}
