@@ -19,19 +19,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult, Stage
+from optkit.core.errors import OptkitError
 from optkit.core.registry import register_pass
 from optkit.core.settings import calib_data_setting, setting, shared_setting
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from optkit.passes.prune.graph.channels import PruneSpec
+    from optkit.passes.prune.spec import PruneSpec
     from optkit.passes.prune.targets.curves import Sensitivity
 
 STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random", "activation")
 ALLOCATIONS = ("uniform", "global", "sensitivity")
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_ROUND_TO = 16
+#: A fraction target achieved at or above this removed nothing worth the name.
+NOTHING_REMOVED = 0.999
 PRUNE_RATIO_HELP = "Fraction to prune, in [0, 1): channels (structured) or weights (unstructured)."
 GLOBAL_HELP = "Rank across all layers instead of per layer."
 UNSTRUCTURED_NOTE = (
@@ -160,6 +163,8 @@ class StructuredPrune(Pass):
     calibration: Any = setting(None, help="Python only: (inputs, targets) batches for taylor importance.",
                                recipe=False, compare=False, repr=False)
     input_shape: tuple[int, ...] | None = shared_setting("input_shape")
+    device: str | None = shared_setting("device", help="Where a transformer's blocks are pruned, one at a time, "
+                                        "while the model stays where it was loaded (auto: CUDA, then MPS, then CPU).")
 
     def check(self) -> None:
         if self.target_macs is not None and self.target_params is not None:
@@ -184,7 +189,9 @@ class StructuredPrune(Pass):
         from optkit.passes.prune.targets import ratio as target
         from optkit.passes.prune.targets.configs import reach
 
-        return reach(self.target(model), self.spec(), model)
+        result = reach(self.target(model), self.spec(), model)
+        _refuse_if_nothing_removed(result.details)
+        return result
 
     def target(self, model: nn.Module, sensitivity: Sensitivity | None = None) -> Any:
         """The target these settings ask for, as a typed config from :mod:`optkit.passes.prune.targets.configs`.
@@ -228,7 +235,7 @@ class StructuredPrune(Pass):
 
     def spec(self) -> PruneSpec:
         """How these settings choose and remove channels, whatever the target (see :class:`PruneSpec`)."""
-        from optkit.passes.prune.graph.channels import PruneSpec
+        from optkit.passes.prune.spec import PruneSpec
 
         return PruneSpec(
             input_shape=tuple(self.input_shape or DEFAULT_INPUT_SHAPE), importance=self.importance,
@@ -236,7 +243,8 @@ class StructuredPrune(Pass):
             ignored_layers=self.ignored_layers, submodule=self.submodule, bias_correction=self.bias_correction,
             drop_blocks=self.drop_blocks, timeout_s=self.timeout_s, group_timeout_s=self.group_timeout_s,
             fallback_budget_s=self.fallback_budget_s, fallback_trials=self.fallback_trials, data=self.data,
-            calibration=self.calibration, calibration_batches=self.calibration_batches, batch_size=self.batch_size)
+            calibration=self.calibration, calibration_batches=self.calibration_batches, batch_size=self.batch_size,
+            device=self.device)
 
     def prune(self, model: nn.Module, ratio: float) -> dict[str, Any]:
         """Prune ``model`` in place at ``ratio`` with this pass's other settings, ignoring its targets.
@@ -275,6 +283,17 @@ class StructuredPrune(Pass):
         step = {k: v for k, v in entry.items() if k != "iterative_steps"}
         step["ratio"] = 1.0 - (1.0 - entry["ratio"]) ** (1.0 / count)
         return [dict(step) for _ in range(count)]
+
+
+def _refuse_if_nothing_removed(details: dict[str, Any]) -> None:
+    """A fraction target that removed nothing is an error naming why (a run asked to shrink a model must not
+    succeed with the model unchanged)."""
+    asked, achieved = details.get("target_fraction"), details.get("achieved_fraction")
+    if asked is None or achieved is None or achieved < NOTHING_REMOVED or asked >= NOTHING_REMOVED:
+        return
+    why = "; ".join(str(note).removeprefix("structured_prune ") for note in details.get("notes", ())[:2])
+    raise OptkitError(f"structured_prune removed nothing: asked {details.get('target', 'size')} {asked:g} of the "
+                      f"original, achieved {achieved:.3f}" + (f" ({why})" if why else ""))
 
 
 def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_SHAPE, *,

@@ -11,6 +11,7 @@ from torch import nn
 from optkit.io import checkpoint
 
 from optkit.core import recipe
+from optkit.core.errors import OptkitError
 from optkit.io.models import ArchSpec, load_model, torchvision_names
 from optkit.model.stats import count_macs, count_params, weight_sparsity
 from optkit.passes.prune.graph import limits as _prune_limits
@@ -393,3 +394,16 @@ def test_cli_flags_build_structured_prune_entries():
         pass_entries_from_flags({"target_macs": 0.5, "target_params": 0.5})
     with pytest.raises(click.UsageError, match="--target-params replaces --prune: give one of them"):
         pass_entries_from_flags({"prune": 0.3, "target_params": 0.5})
+
+
+def test_a_target_that_removes_nothing_is_an_error_naming_the_target():
+    import copy
+
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.ReLU(), nn.Flatten(),
+                          nn.LazyLinear(4))
+    model(torch.randn(1, 3, 12, 12))
+    before = copy.deepcopy(model.state_dict())
+    prune = StructuredPrune(target_params=0.8, ignored_layers=("*",), input_shape=(1, 3, 12, 12))
+    with pytest.raises(OptkitError, match=r"removed nothing: asked params 0.8 of the original, achieved 1.000"):
+        prune(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -238,7 +238,8 @@ class Sweep:
     errors: list[dict[str, float]] = field(default_factory=list)
 
 
-def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, Any]], *, device: str | None = None,
+def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, Any]], *,
+                    device: torch.device | str | None = None,
                     importance: str = "l1", refit: bool = True, inputs_from: str = "pruned",
                     stage: str = "structured_prune") -> Sweep:
     """Cut ``plan`` in every block of ``model`` (in place), one block at a time on ``device``.
@@ -564,3 +565,27 @@ def uniform_plan(model: nn.Module, structure: Block, heads_ratio: float, mlp_rat
     if heads_kept != plan and check_plan(model, heads_kept, structure) is None:
         return heads_kept, f"every head kept: {plan.heads()} heads are refused ({problem})"
     return None, problem
+
+
+def fit_mlp(model: nn.Module, structure: Block, kv_keep: int, q_keep: int, fraction: float, measured: str,
+            round_to: int, max_share: float = 0.9) -> tuple[Plan, float] | None:
+    """The plan with these head counts whose MLP width brings the size (``params`` or ``macs``) to ``fraction``
+    of the unpruned model's, and the fraction it plans; ``None`` when the stock class refuses it.
+
+    The size falls linearly with the MLP width, so two stock classes built on the meta device give it; the
+    width is rounded to ``round_to`` and at most ``max_share`` of it goes.
+    """
+    from optkit.passes.prune.hf.transformer import kept_width
+
+    whole = full_plan(structure)
+    full = planned_size(model, whole, structure, measured)
+    at_full = planned_size(model, Plan(kv_keep, q_keep, whole.mlp_keep), structure, measured)
+    half = {w: w // 2 for w in whole.mlp_keep}
+    at_half = planned_size(model, Plan(kv_keep, q_keep, half), structure, measured)
+    per_channel = (at_full - at_half) / max(sum(w - h for w, h in zip(whole.mlp_keep, half.values(), strict=True)), 1)
+    removed = (at_full - fraction * full) / per_channel if per_channel > 0 else 0.0
+    share = min(max(removed / max(sum(whole.mlp_keep), 1), 0.0), max_share)
+    plan = Plan(kv_keep, q_keep, {w: kept_width(w, share, round_to) if share > 0 else w for w in whole.mlp_keep})
+    if check_plan(model, plan, structure) is not None:
+        return None
+    return plan, planned_size(model, plan, structure, measured) / full

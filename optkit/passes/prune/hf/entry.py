@@ -17,7 +17,7 @@ from optkit.core.errors import OptkitError
 if TYPE_CHECKING:
     from torch import nn
 
-    from optkit.passes.prune.graph.channels import PruneSpec, Widths
+    from optkit.passes.prune.spec import PruneSpec, Widths
     from optkit.passes.prune.hf.blockwise import Plan
     from optkit.passes.prune.hf.structure import Block
 
@@ -56,8 +56,7 @@ def prune_transformer_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> d
 
         plan, note = uniform_plan(model, structure, heads_ratio, widths.ratio, widths.round_to)
         if plan is not None:
-            details = prune_to_plan(model, spec, plan, structure, batches if batches is not None else [keywords],
-                                    refit=batches is not None and spec.bias_correction)
+            details = prune_planned(model, spec, plan, structure, batches=batches, keywords=keywords)
             details["ratio"] = widths.ratio
             if note is not None:
                 details["notes"].append(f"structured_prune {note}")
@@ -125,16 +124,26 @@ def _chained(model: nn.Module, blocks: nn.ModuleList, keywords: dict[str, Any]) 
                for i in range(len(blocks) - 1))
 
 
-def prune_to_plan(model: nn.Module, spec: PruneSpec, plan: Plan, structure: Block, batches: list[dict[str, Any]],
-                  *, refit: bool) -> dict[str, Any]:
-    """Cut ``plan`` (one the stock class describes) block by block, in place, with ``spec``'s importance;
-    ``batches`` are calibration text (or example inputs, with ``refit`` false)."""
+def prune_planned(model: nn.Module, spec: PruneSpec, plan: Plan, structure: Block, *,
+                  batches: list[dict[str, Any]] | None = None, keywords: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Cut ``plan`` (one the stock class describes) block by block, in place, with ``spec``'s importance, on its
+    calibration text (``batches``, read from ``spec`` when not given) and refit where ``spec`` asks; without
+    text, on the example inputs (``keywords``) and without refit.
+
+    Returns:
+        the prune's details for the report.
+    """
     from optkit.passes.prune.hf import blockwise
+
+    batches = batches if batches is not None else calibration_text(model, spec)
+    refit = batches is not None and spec.bias_correction
+    if batches is None:
+        batches = [keywords if keywords is not None else example_keywords(model, spec)]
 
     attention = structure.attentions[0]
     before = _summary(model, attention.heads, attention.kv_heads, sorted(plan.mlp_keep))
     sweep = blockwise.prune_blockwise(model, plan, batches, importance=spec.importance, refit=refit,
-                                      inputs_from=INPUTS_FROM)
+                                      inputs_from=INPUTS_FROM, device=compute_device(model, spec))
     after = _summary(model, plan.heads(), plan.kv_keep, sorted(plan.mlp_keep.values()))
     units = sweep.blocks * len(structure.attentions)
     after["attention_units"] = before["attention_units"] = units
@@ -148,6 +157,15 @@ def prune_to_plan(model: nn.Module, spec: PruneSpec, plan: Plan, structure: Bloc
     return {"importance": spec.importance, "refitted_layers": sweep.refitted, "transformer": result,
             "pruned_layers": units, "skipped_layers": {}, "notes": notes,
             "refit_errors": [{name: round(error, 6) for name, error in block.items()} for block in sweep.errors]}
+
+
+def compute_device(model: nn.Module, spec: PruneSpec):
+    """Where blocks are computed: ``spec.device`` resolved (``auto``: CUDA, then MPS, then CPU), else where the
+    model is."""
+    from optkit.passes.device.passes import resolve_device
+    from optkit.passes.prune.hf.blockwise import device_of
+
+    return device_of(model) if spec.device is None else resolve_device(spec.device)
 
 
 def _summary(model: nn.Module, heads: int, kv: int, widths: list[int]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from optkit.core.contract import PassResult
 if TYPE_CHECKING:
     from torch import nn
 
-    from optkit.passes.prune.graph.channels import PruneSpec
+    from optkit.passes.prune.spec import PruneSpec
     from optkit.passes.prune.targets.curves import Sensitivity
 
 Handler = Callable[[Any, "PruneSpec", "nn.Module"], PassResult]

@@ -37,9 +37,10 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import PassResult
-from optkit.passes.prune.targets.allocation import MIN_KEEP, next_aim, shrink
-from optkit.passes.prune.graph.channels import PruneSpec, prune_to
+from optkit.passes.prune.graph.channels import prune_to
+from optkit.passes.prune.spec import PruneSpec
 from optkit.passes.prune.graph.groups import Group, layer_widths, prunable_groups, ratios_for
+from optkit.passes.prune.targets.allocation import MIN_KEEP, next_aim, shrink
 from optkit.passes.prune.targets.configs import LatencyTarget, MacsTarget, handles
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import PassResult
-from optkit.passes.prune.graph.channels import PruneSpec, prune_to
+from optkit.passes.prune.graph.channels import prune_to
+from optkit.passes.prune.spec import PruneSpec
 from optkit.passes.prune.targets.configs import MixTarget, handles
 
 if TYPE_CHECKING:
@@ -127,9 +128,8 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
     blocks (:func:`~optkit.passes.prune.hf.candidates.score_plans`), the best cut in place."""
     import torch
 
-    from optkit.passes.prune.hf import blockwise
     from optkit.passes.prune.hf.candidates import score_plans, val_rows
-    from optkit.passes.prune.hf.entry import calibration_text, prune_to_plan
+    from optkit.passes.prune.hf.entry import calibration_text, compute_device, prune_planned
 
     plans = mix_plans(model, structure, target)
     if not plans:
@@ -137,7 +137,7 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
                          f"{max(target.tolerance, 0.02):g}; use allocation uniform")
     calibration = calibration_text(model, spec)
     refit = calibration is not None and spec.bias_correction
-    device = blockwise.device_of(model)
+    device = compute_device(model, spec)
     inputs = val.model_inputs()
     ids, mask = inputs.kwargs["input_ids"], inputs.kwargs["attention_mask"]
     rows = val_rows(model, structure, calibration, len(plans), len(ids), SCORE_BUDGET_S, device)
@@ -151,7 +151,7 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
                   for (plan, planned), ppl in zip(plans, perplexities, strict=True)]
     best = min(range(len(plans)), key=lambda i: perplexities[i])
     plan = plans[best][0]
-    details = prune_to_plan(model, spec, plan, structure, calibration, refit=refit)
+    details = prune_planned(model, spec, plan, structure, batches=calibration)
     achieved = measure(model) / original
     details.update({"allocation": "mix", "target": target.measured, "target_fraction": target.fraction,
                     "achieved_fraction": round(achieved, 4), "val_measure": "perplexity", "val_rows": rows,
@@ -168,7 +168,7 @@ def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple
     """The plans tried: for each head option (none removed; the options nearest :data:`HEAD_SHARES`; every
     whole key/value group option up to half the heads), the MLP width that meets the target, sized on the meta
     device; ``(plan, planned fraction)`` for those within the target's tolerance (at least 0.02)."""
-    from optkit.passes.prune.hf.blockwise import Plan, check_plan, full_plan, head_options, planned_size
+    from optkit.passes.prune.hf.blockwise import Plan, check_plan, fit_mlp, full_plan, head_options
 
     attention = structure.attentions[0]
     heads, kv = attention.heads, attention.kv_heads
@@ -181,25 +181,11 @@ def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple
             options.append(min(valid, key=lambda o: (abs(1 - o[0] * o[1] / heads - share), -o[0])))
     options += [o for o in valid if o[1] == attention.groups]
     options = list(dict.fromkeys(options))
-    size = {"full": planned_size(model, whole, structure, target.measured)}
-    goal = target.fraction * size["full"]
     tolerance = max(target.tolerance, 0.02)
     plans = []
     for kv_keep, q_keep in options:
-        at_full = planned_size(model, Plan(kv_keep, q_keep, whole.mlp_keep), structure, target.measured)
-        half = {w: w // 2 for w in whole.mlp_keep}
-        at_half = planned_size(model, Plan(kv_keep, q_keep, half), structure, target.measured)
-        per_channel = (at_full - at_half) / sum(w - h for w, h in zip(whole.mlp_keep, half.values(), strict=True))
-        removed = (at_full - goal) / per_channel if per_channel > 0 else 0.0
-        total = sum(whole.mlp_keep)
-        share = min(max(removed / total, 0.0), MAX_MLP_SHARE)
-        from optkit.passes.prune.hf.transformer import kept_width
-
-        kept = {w: kept_width(w, share, target.round_to) if share > 0 else w for w in whole.mlp_keep}
-        plan = Plan(kv_keep, q_keep, kept)
-        if check_plan(model, plan, structure) is not None:
-            continue
-        planned = planned_size(model, plan, structure, target.measured) / size["full"]
-        if abs(planned - target.fraction) <= tolerance:
-            plans.append((plan, planned))
+        fitted = fit_mlp(model, structure, kv_keep, q_keep, target.fraction, target.measured, target.round_to,
+                         MAX_MLP_SHARE)
+        if fitted is not None and abs(fitted[1] - target.fraction) <= tolerance:
+            plans.append(fitted)
     return plans

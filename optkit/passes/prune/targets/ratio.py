@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import PassResult
-from optkit.passes.prune.graph.channels import PruneSpec, prune_to
+from optkit.passes.prune.graph.channels import prune_to
+from optkit.passes.prune.spec import PruneSpec
 from optkit.passes.prune.targets.configs import FractionTarget, MacsTarget, ParamsTarget, RatioTarget, handles
 
 if TYPE_CHECKING:
@@ -113,18 +114,19 @@ def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Modul
     """
     import dataclasses
 
-    from optkit.passes.prune.hf.entry import example_keywords, first_block
+    from optkit.passes.prune.hf.entry import example_keywords, first_block, prune_planned
 
     structure = None if spec.drop_blocks else first_block(model, example_keywords(model, spec))
     if structure is not None:
-        ratio, round_to = _planned_ratio(target, model, structure, tries)
+        plan, round_to = _planned_uniform(target, model, structure, tries)
         pruned = model
+        details = prune_planned(model, spec, plan, structure)
     else:
         light = dataclasses.replace(spec, importance="l1", bias_correction=False, calibration=None, data=None)
         _, _, _, round_to = _bracket(light, model, target, target.round_to, fraction, tries)
         ratio = min(tries, key=lambda t: abs(t["achieved_fraction"] - target.fraction))["ratio"]
         pruned = copy.deepcopy(model)
-    details = prune_to(pruned, spec, spec.uniform(ratio, round_to))
+        details = prune_to(pruned, spec, spec.uniform(ratio, round_to))
     achieved = fraction(pruned)
     details.update({"target": target.measured, "target_fraction": target.fraction,
                     "achieved_fraction": round(achieved, 4), "round_to": round_to, "tries": tries})
@@ -133,42 +135,54 @@ def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Modul
     return PassResult(pruned, details)
 
 
-def _planned_ratio(target: FractionTarget, model: nn.Module, structure: Any, tries: list) -> tuple[float, int]:
-    """The ratio whose uniform plan comes closest to ``target``, sizes read from the stock class on meta."""
-    from optkit.passes.prune.hf.blockwise import full_plan, planned_size, uniform_plan
+def _planned_uniform(target: FractionTarget, model: nn.Module, structure: Any, tries: list) -> tuple[Any, int]:
+    """The uniform plan (one share for heads and MLP channels) that comes closest to ``target``, sizes read from
+    the stock class on the meta device; when head counts move in steps too coarse to land within the tolerance,
+    the MLP width alone is fitted to the target for the closest plan's heads."""
+    from optkit.passes.prune.hf.blockwise import fit_mlp, full_plan, planned_size, uniform_plan
 
     original = planned_size(model, full_plan(structure), structure, target.measured)
-    sizes: dict[Any, float] = {}
+    sizes: dict[Any, tuple[Any, float]] = {}
 
-    def planned(ratio: float, round_to: int) -> float:
+    def planned(ratio: float, round_to: int) -> tuple[Any, float]:
         plan, _ = uniform_plan(model, structure, ratio, ratio, round_to)
         if plan is None:
-            return 1.0
+            return None, 1.0
         key = (plan.kv_keep, plan.q_keep, tuple(sorted(plan.mlp_keep.items())))
         if key not in sizes:
-            sizes[key] = planned_size(model, plan, structure, target.measured) / original
+            sizes[key] = plan, planned_size(model, plan, structure, target.measured) / original
         return sizes[key]
 
     round_to = target.round_to
-    while True:
-        low, high = (0.0, 1.0), (MAX_RATIO, planned(MAX_RATIO, round_to))
-        best = None
-        for _ in range(MAX_TRIES * 2):
-            ratio = _next_ratio(low, high, target.fraction)
-            achieved = planned(ratio, round_to)
-            tries.append({"ratio": ratio, "round_to": round_to, "planned_fraction": round(achieved, 4),
-                          "achieved_fraction": round(achieved, 4)})
-            if best is None or abs(achieved - target.fraction) < abs(best[1] - target.fraction):
-                best = (ratio, achieved)
-            if abs(achieved - target.fraction) <= target.tolerance or high[0] - low[0] < 1e-3:
-                break
-            if achieved > target.fraction:
-                low = (ratio, achieved)
-            else:
-                high = (ratio, achieved)
-        if abs(best[1] - target.fraction) <= target.tolerance or round_to == 1:
-            return best[0], round_to
+    low, high = (0.0, 1.0), (MAX_RATIO, planned(MAX_RATIO, round_to)[1])
+    best = None
+    for _ in range(MAX_TRIES):
+        ratio = _next_ratio(low, high, target.fraction)
+        plan, achieved = planned(ratio, round_to)
+        tries.append({"ratio": ratio, "round_to": round_to, "planned_fraction": round(achieved, 4),
+                      "achieved_fraction": round(achieved, 4)})
+        if plan is not None and (best is None or abs(achieved - target.fraction) < abs(best[1] - target.fraction)):
+            best = (plan, achieved)
+        if abs(achieved - target.fraction) <= target.tolerance:
+            break
+        if achieved > target.fraction:
+            low = (ratio, achieved)
+        else:
+            high = (ratio, achieved)
+    if best is None:
+        raise ValueError("no uniform cut of heads and MLP channels is one the stock class describes")
+    chosen = round_to
+    while abs(best[1] - target.fraction) > target.tolerance:
+        fitted = fit_mlp(model, structure, best[0].kv_keep, best[0].q_keep, target.fraction, target.measured,
+                         round_to)
+        if fitted is not None and abs(fitted[1] - target.fraction) < abs(best[1] - target.fraction):
+            best, chosen = fitted, round_to
+            tries.append({"heads": fitted[0].heads(), "round_to": round_to, "planned_fraction": round(fitted[1], 4),
+                          "achieved_fraction": round(fitted[1], 4), "mlp_fitted": True})
+        if round_to == 1:
+            break
         round_to = max(1, round_to // 2)
+    return best[0], chosen
 
 
 def _is_transformer(spec: PruneSpec, model: nn.Module) -> bool:

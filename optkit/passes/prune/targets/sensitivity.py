@@ -24,11 +24,12 @@ import copy
 from typing import TYPE_CHECKING, Any, Protocol
 
 from optkit.core.contract import PassResult
-from optkit.passes.prune.targets.allocation import MAX_CORRECTIONS, next_aim, shrink
-from optkit.passes.prune.graph.channels import PruneSpec, prune_to
+from optkit.passes.prune.graph.channels import prune_to
+from optkit.passes.prune.spec import PruneSpec
 from optkit.passes.prune.graph.groups import ratios_for
-from optkit.passes.prune.targets.ratio import target_notes
+from optkit.passes.prune.targets.allocation import MAX_CORRECTIONS, next_aim, shrink
 from optkit.passes.prune.targets.configs import SensitivityTarget, handles, reach
+from optkit.passes.prune.targets.ratio import target_notes
 
 if TYPE_CHECKING:
     from torch import nn

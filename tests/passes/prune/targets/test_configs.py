@@ -10,7 +10,8 @@ from torch import nn
 
 from optkit.core.contract import PassResult
 from optkit.passes.prune.targets import configs as targets
-from optkit.passes.prune.graph.channels import PruneSpec, Widths, prune_to
+from optkit.passes.prune.graph.channels import prune_to
+from optkit.passes.prune.spec import PruneSpec, Widths
 from optkit.passes.prune.passes import StructuredPrune
 from optkit.passes.prune.targets.curves import Sensitivity
 
