@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from optkit.io import checkpoint, confirmed
 from optkit.io.hf import PRETRAINED_FILES
 from optkit.io.models import LoadedModel
 from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty
+from optkit.kinds import ModelKind, kind_of
 from optkit.passes.deploy.passes import OPENVINO_FILES
 from optkit.runtime.openvino import missing_note as missing_openvino_note
 
@@ -67,17 +69,8 @@ def check_runs(loaded: LoadedModel, input_shape: tuple[int, ...], *, origin: str
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         shape = ",".join(map(str, input_shape))
         hint = (f"the shape comes from {origin}: override it with --input-shape (and --num-classes for another "
-                "classifier size)" if origin else _shape_hint(model, kind.name))
+                "classifier size)" if origin else kind.shape_hint(model))
         raise OptkitError(f"the model does not run on input shape {shape} (kind {kind.name}: {first}); {hint}") from e
-
-
-def _shape_hint(model: Any, kind: str) -> str:
-    from torch import nn
-
-    if kind != "tokens" and any(isinstance(m, nn.Embedding) for m in model.modules()):
-        return ("if it takes token ids, give --kind tokens and --seq-len L; otherwise set --input-shape to what it "
-                "expects")
-    return "set --seq-len L" if kind == "tokens" else "set --input-shape to what it expects (or --kind)"
 
 
 def data_normalization(pipeline: Pipeline) -> dict[str, dict[str, str]]:
@@ -179,7 +172,8 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
 
 
 def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path | None):
-    """The decode speed and greedy sample of a causal LM before the passes (``None`` for other models).
+    """The decode speed and greedy sample of a causal LM before the passes (``None`` for other models: those
+    whose kind is no language model, or that cannot generate).
 
     The prompt is the start of the first evaluation block when the run scores text, else the tokenizer's
     beginning-of-text token.
@@ -189,7 +183,10 @@ def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path 
     from optkit.core.errors import DataError
     from optkit.data.text import find_tokenizer, load_tokenizer
     from optkit.export.decode import export_decode, unsupported
+    from optkit.kinds import get_kind
 
+    if not kind_of(loaded.model).language_model:
+        return None
     model = checkpoint.unwrap(loaded.model)
     if unsupported(model) is not None:
         return None
@@ -198,7 +195,7 @@ def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path 
     except DataError:
         tokenizer = None
     prompt = None
-    if scorer is not None and scorer.eval_set.kind == "tokens":
+    if scorer is not None and get_kind(scorer.eval_set.kind).language_model:
         ids = scorer.eval_set.model_inputs().first()[0]
         prompt = ids[:PROMPT_TOKENS].tolist()
     probe = GenerationProbe.start(model, tokenizer=tokenizer, prompt=prompt)
@@ -245,7 +242,8 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
             files.update(section.get("files") or {section["path"]: section["file_size"]})
         exported_file = next((Path(r.details["path"]) for r in full_run.records if r.name == "export_onnx"), None)
         onnx_timing = (onnx_latency(original_onnx, exported_file, pipeline.input_shape,
-                                    run.after.macs / run.before.macs if run.before.macs else None)
+                                    run.after.macs / run.before.macs if run.before.macs else None,
+                                    kind=kind_of(loaded.model))
                        if original_onnx is not None and exported_file is not None else None)
         source = Path(loaded.source)
         report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
@@ -281,12 +279,12 @@ def _write_pretrained(loaded: LoadedModel, model, folder: Path,
                       input_shape: tuple[int, ...]) -> tuple[list[str], str | None]:
     """A ``transformers`` model is also written as a ``save_pretrained`` folder (config, safetensors, tokenizer)."""
     from optkit.io import hf
-    from optkit.kinds import example_inputs
+    from optkit.kinds import example_inputs, is_hf_pretrained
 
     model = checkpoint.unwrap(model)
-    if not hf.is_pretrained(model):
+    if not is_hf_pretrained(model):
         return [], None
-    source = hf.hf_folder(loaded.source) if loaded.arch is not None and loaded.arch.spec.startswith("hf:") else None
+    source = hf.hf_folder(loaded.source) if loaded.arch is not None and hf.is_hf_spec(loaded.arch.spec) else None
     inputs = example_inputs(model, input_shape)
     check = inputs.kwargs if inputs.kwargs and not inputs.args else None
     return hf.save_pretrained_folder(model, folder, source=source, check_inputs=check)
@@ -378,13 +376,15 @@ def _export_original(model, folder: Path, input_shape: tuple[int, ...]) -> Path:
 
 
 def onnx_latency(original: Path, result: Path, input_shape: tuple[int, ...], macs_ratio: float | None, *,
-                 threads: int | None = None, warmup: int = 5, repeats: int = 30) -> dict[str, Any]:
+                 kind: ModelKind | None = None, threads: int | None = None, warmup: int = 5,
+                 repeats: int = 30) -> dict[str, Any]:
     """ONNX Runtime latency of the original and the result at batch 1, interleaved, and the realized speed-up.
 
     Args:
         original, result: the two ONNX files.
         input_shape: the model input; timed at batch 1.
         macs_ratio: MACs after / before, for the speed-up the MACs promise.
+        kind: the model's kind, which says what one call at batch 1 processes (for the report's throughput).
         threads: intra-op threads (default: every core, as users deploy).
         warmup, repeats: untimed and timed calls of each file.
 
@@ -396,7 +396,8 @@ def onnx_latency(original: Path, result: Path, input_shape: tuple[int, ...], mac
     Returns:
         ``threads``, ``batch_size``, the two :class:`Latency` dicts, ``speedup`` (original / result
         median), ``ideal_speedup`` (1 / MACs ratio), ``efficiency`` (their ratio) and the load average;
-        ``at_batch`` holds the same figures at the larger batch when it was timed.
+        ``at_batch`` holds the same figures at the larger batch when it was timed, and ``throughput``
+        (:meth:`ModelKind.throughput` at batch 1, as a dict) what one call processes, given ``kind``.
     """
     from optkit.analysis.latency import interleaved_latency
 
@@ -412,6 +413,8 @@ def onnx_latency(original: Path, result: Path, input_shape: tuple[int, ...], mac
                 "efficiency": round(speedup / ideal, 3) if ideal else None}
 
     timing = {"engine": "onnxruntime", "threads": threads, **timed(1)}
+    if kind is not None:
+        timing["throughput"] = dataclasses.asdict(kind.throughput((1, *input_shape[1:])))
     first_ms = timing["before"]["median_ms"]
     if 0 < first_ms < OVERHEAD_BOUND_MS and _takes_any_batch(original) and _takes_any_batch(result):
         timing["at_batch"] = timed(max(2, min(MAX_COMPUTE_BATCH, 2 ** math.ceil(math.log2(COMPUTE_MS / first_ms)))))

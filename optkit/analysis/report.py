@@ -156,16 +156,18 @@ def _allocation_hint(run: PipelineRun) -> list[str]:
 
 
 def onnx_latency_note(timing: dict[str, Any]) -> str:
-    """One line on the realized ONNX Runtime speed-up next to the one the MACs promise."""
+    """One line on the realized ONNX Runtime speed-up next to the one the MACs promise, and the throughput in the
+    unit of the model's kind when the timing gives what one call processes (``throughput``: a
+    :class:`~optkit.kinds.Throughput` as a dict)."""
     line = (f"ONNX Runtime, batch 1, {timing['threads']} thread(s): {timing['before']['median_ms']:.2f} -> "
             f"{timing['after']['median_ms']:.2f} ms median, {timing['speedup']:.2f}x faster")
     if timing["ideal_speedup"]:
         line += f" (the MACs promise {timing['ideal_speedup']:.2f}x: efficiency {timing['efficiency']:.2f})"
-    shape = timing["before"].get("input_shape") or []
-    if len(shape) == 2:  # token ids (batch, length): the call is a prefill of that many tokens
-        tokens = shape[0] * shape[1]
-        line += (f"; prefill of {tokens} tokens: {tokens / timing['before']['median_ms'] * 1e3:,.0f} -> "
-                 f"{tokens / timing['after']['median_ms'] * 1e3:,.0f} tokens/s")
+    throughput = timing.get("throughput")
+    if throughput:
+        count = throughput["count"]
+        line += (f"; {throughput['call']}: {count / timing['before']['median_ms'] * 1e3:,.0f} -> "
+                 f"{count / timing['after']['median_ms'] * 1e3:,.0f} {throughput['unit']}/s")
     larger = timing.get("at_batch")
     if larger:
         line += (f"; at batch 1 this model's calls are largely ONNX Runtime's fixed cost per call, so also timed "

@@ -27,14 +27,17 @@ def model_options(input_shape_help: str = "Example input shape, e.g. 1,3,224,224
 
     ``--seq-len L`` is the token-model form of ``--input-shape 1,L``; ``--kind`` names the
     model's kind for every model the command loads. The command receives neither: it gets
-    ``input_shape`` and loads with :func:`optkit.io.models.load` as usual.
+    ``input_shape`` and loads with :func:`optkit.io.models.load` as usual. The ``--kind`` help lists
+    optkit's own kinds from the kind registry.
     """
+    from optkit.kinds import builtin_kinds
+
     options = [
         click.option("--input-shape", callback=parse_shape, help=input_shape_help),
         click.option("--seq-len", type=click.IntRange(min=1),
                      help="Token models: sequence length of the example inputs (the same as --input-shape 1,L)."),
-        click.option("--kind", help="Model kind when it cannot be told from the model: image_classifier, "
-                                    "segmentation, detection, tokens (or one a plugin registers)."),
+        click.option("--kind", help=f"Model kind when it cannot be told from the model: {', '.join(builtin_kinds())} "
+                                    "(or one a plugin registers)."),
         click.option("--num-classes", type=click.IntRange(min=1), help="Classifier size when building an architecture."),
         click.option("--arch", help="Architecture of a state_dict file: torchvision:NAME, timm:NAME or "
                                     "package.module:Class."),

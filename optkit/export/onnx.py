@@ -142,7 +142,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
         input_shape: example input shape, e.g. ``(1, 3, 224, 224)``.
         opset: ONNX opset (default 18).
         dynamic_batch: make the batch dimension dynamic (verified at two
-            batch sizes); otherwise it is fixed to ``input_shape[0]``.
+            batch sizes), with the other axes the model's kind makes dynamic
+            (:meth:`~optkit.kinds.ModelKind.dynamic_axes`: a token model's
+            sequence); otherwise every axis is fixed to ``input_shape``.
         fp16: store weights as fp16 (half the file) while inputs, outputs and
             compute stay fp32.
         exporter: ``"auto"`` (TorchScript first, then dynamo), ``"torchscript"``
@@ -342,7 +344,7 @@ def _run_exporter(model: nn.Module, path: Path, shape: tuple[int, ...], exporter
         outputs = kind.outputs(inputs.call(model))
     output_names = kind.output_names(len(outputs))
     input_names = list(inputs.names)
-    axes = _dynamic_axes(kind, input_names, output_names, [t.dim() for t in outputs]) if dynamic_batch else {}
+    axes = kind.dynamic_axes(inputs, outputs) if dynamic_batch else {}
     kwargs: dict[str, Any] = {"input_names": input_names, "output_names": output_names, "opset_version": opset}
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -356,16 +358,6 @@ def _run_exporter(model: nn.Module, path: Path, shape: tuple[int, ...], exporter
             if dynamic_batch:
                 kwargs["dynamic_axes"] = axes
             torch.onnx.export(module, args, str(path), dynamo=False, do_constant_folding=True, **kwargs)
-
-
-def _dynamic_axes(kind: Any, input_names: list[str], output_names: list[str],
-                  output_ranks: list[int]) -> dict[str, dict[int, str]]:
-    """The batch axis of every input and output; a token model's sequence axis too (outputs of rank 3 or more)."""
-    sequence = kind.name == "tokens"
-    axes = {name: {0: "batch", **({1: "sequence"} if sequence else {})} for name in input_names}
-    for name, rank in zip(output_names, output_ranks):
-        axes[name] = {0: "batch", **({1: "sequence"} if sequence and rank >= 3 else {})}
-    return axes
 
 
 def _store_weights_fp16(proto: onnx.ModelProto) -> None:

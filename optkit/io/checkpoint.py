@@ -27,6 +27,7 @@ from torch import nn
 from optkit import __version__
 from optkit.core.files import atomic_path
 from optkit.core.errors import ModelLoadError
+from optkit.io import hf
 from optkit.io.architectures import ArchSpec, import_module_class
 
 FORMAT = "optkit.slimmed"
@@ -62,7 +63,7 @@ def save(model: nn.Module, path: str | os.PathLike, arch: ArchSpec | None, *, ex
     from optkit.kinds.base import KIND_ATTRIBUTE
 
     model = unwrap(model)
-    if arch is not None and arch.spec.startswith("hf:") and getattr(model, "config", None) is not None:
+    if arch is not None and hf.is_hf_spec(arch.spec) and getattr(model, "config", None) is not None:
         # A pruned transformer's widths and depth live in its config: record the config it has now.
         arch = ArchSpec(arch.spec, {**arch.kwargs, "config": model.config.to_dict()})
     if arch is None:

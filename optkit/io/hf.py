@@ -22,7 +22,7 @@ from optkit.core.errors import ModelLoadError, UntrustedPickleError, first_line
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["HF_PREFIX", "PRETRAINED_FILES", "build_from_config", "hf_folder", "is_pretrained", "load_folder",
+__all__ = ["HF_PREFIX", "PRETRAINED_FILES", "build_from_config", "hf_folder", "is_hf_spec", "load_folder",
            "save_pretrained_folder", "stock_class"]
 
 HF_PREFIX = "hf:"
@@ -34,6 +34,11 @@ PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 RELOAD_RTOL = 1e-5
 
 
+def is_hf_spec(spec: str | os.PathLike) -> bool:
+    """Whether a model or architecture spec is ``hf:DIR`` (a ``save_pretrained`` folder's config)."""
+    return os.fspath(spec).startswith(HF_PREFIX)
+
+
 def hf_folder(spec: str) -> Path | None:
     """The folder a spec names when it is ``hf:DIR`` or a directory holding ``config.json``, else ``None``.
 
@@ -41,8 +46,8 @@ def hf_folder(spec: str) -> Path | None:
         ModelLoadError: for ``hf:DIR`` whose folder or ``config.json`` is missing.
     """
     text = str(spec)
-    folder = Path(text[len(HF_PREFIX):]) if text.startswith(HF_PREFIX) else Path(text)
-    if not text.startswith(HF_PREFIX):
+    folder = Path(text[len(HF_PREFIX):]) if is_hf_spec(text) else Path(text)
+    if not is_hf_spec(text):
         return folder if folder.is_dir() and (folder / CONFIG).is_file() else None
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: no such folder (hf:DIR names a folder written by save_pretrained)")
@@ -151,17 +156,12 @@ def stock_class(model: Any) -> type:
     return next((cls for cls in type(model).__mro__ if cls.__module__.startswith("transformers.")), type(model))
 
 
-def is_pretrained(model: Any) -> bool:
-    """Whether ``model`` is a ``transformers`` model (it has a config and ``save_pretrained``)."""
-    return callable(getattr(model, "save_pretrained", None)) and getattr(model, "config", None) is not None
-
-
 def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, source: str | os.PathLike | None = None,
                            check_inputs: dict[str, Any] | None = None) -> tuple[list[str], str | None]:
     """Write ``model`` as a ``save_pretrained`` folder and check that its stock class loads it back exactly.
 
     Args:
-        model: a ``transformers`` model (see :func:`is_pretrained`), possibly pruned.
+        model: a ``transformers`` model (see :func:`optkit.kinds.is_hf_pretrained`), possibly pruned.
         folder: where to write (a staging folder: nothing is published here).
         source: the folder the model was loaded from; its tokenizer files are copied.
         check_inputs: keyword inputs whose outputs must be equal after reloading.

@@ -170,16 +170,13 @@ def infer_input_shape(loaded: LoadedModel) -> tuple[int, ...]:
     """The input shape to use when none is given.
 
     The shape an optkit ``model.pt`` records, else the default of the model's
-    kind (:meth:`optkit.kinds.ModelKind.default_shape`: an image batch with the
-    first convolution's input channels, so a grayscale model gets 1, at 299×299
-    for inception_v3 and 224×224 otherwise; ``1,128`` token ids for a language
-    model, fewer when it has fewer positions).
+    kind (:meth:`optkit.kinds.ModelKind.default_shape`: for an image classifier,
+    one image of the size and channels the model states, else of the first
+    convolution's input channels, so a grayscale model gets 1, at 224×224;
+    ``1,128`` token ids for a language model, fewer when it has fewer positions).
     """
     from optkit.kinds import kind_of
 
     if loaded.recorded_input_shape is not None:
         return loaded.recorded_input_shape
-    shape = kind_of(loaded.model).default_shape(loaded.model)
-    if str(loaded.source).endswith("inception_v3") and len(shape) == 4:
-        return (*shape[:2], 299, 299)
-    return shape
+    return kind_of(loaded.model).default_shape(loaded.model)

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["KIND_ATTRIBUTE", "EvalData", "EvalSet", "ModelInputs", "ModelKind", "ScoreColumn", "call_with", "export_view",
-           "flatten_tensors", "model_device"]
+__all__ = ["KIND_ATTRIBUTE", "EvalData", "EvalSet", "ModelInputs", "ModelKind", "ScoreColumn", "Throughput", "call_with",
+           "export_view", "flatten_tensors", "is_hf_pretrained", "model_device"]
 
 #: The attribute a named kind is stored under on a model (it survives ``copy.deepcopy`` and in-place pruning).
 KIND_ATTRIBUTE = "_optkit_kind"
@@ -112,6 +112,21 @@ class ScoreColumn:
     key: str
     label: str
     format: str
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What one call of a model processes, for the throughput reports give (``unit/s``).
+
+    Attributes:
+        count: how many :attr:`unit` one call processes.
+        unit: what they are, plural (``images``, ``tokens``, ``samples``).
+        call: the call in words, for reports (``batch of 1``, ``prefill of 128 tokens``).
+    """
+
+    count: int
+    unit: str
+    call: str
 
 
 @dataclass
@@ -199,9 +214,14 @@ class ModelKind:
         priority: kinds are tried for inference from low to high; the generic image
             classifier comes last.
         shape_help: what an input shape means for this kind (for messages).
-        dynamic_batch: whether an exported graph can take any batch size.
+        dynamic_batch: whether an exported graph can take any batch size (its other
+            dynamic axes: :meth:`dynamic_axes`).
         score_columns: the figures :meth:`score` gives, in report order (none: the kind
             is not scored on data).
+        throughput_unit: what reports count throughput in (``images``, ``tokens``...; see :meth:`throughput`).
+        language_model: whether its models read and predict text tokens: scored by perplexity on
+            text, quantized to INT8 dynamically and checked on text, and timed generating text
+            (a prefill and decode steps) when they can.
     """
 
     name: ClassVar[str] = ""
@@ -210,6 +230,8 @@ class ModelKind:
     shape_help: ClassVar[str] = "N,C,H,W"
     dynamic_batch: ClassVar[bool] = True
     score_columns: ClassVar[tuple[ScoreColumn, ...]] = ()
+    throughput_unit: ClassVar[str] = "samples"
+    language_model: ClassVar[bool] = False
 
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` is of this kind, judged from its structure (never from its class name alone)."""
@@ -222,9 +244,23 @@ class ModelKind:
     def check_shape(self, model: nn.Module, shape: tuple[int, ...]) -> None:
         """Raise :class:`OptkitError` (one line, naming the option to change) for a shape this model cannot take."""
 
+    def shape_hint(self, model: nn.Module) -> str:
+        """What to change when ``model`` does not run on this kind's example inputs (the end of a one-line error)."""
+        from torch import nn
+
+        if any(isinstance(m, nn.Embedding) for m in model.modules()):
+            return ("if it takes token ids, give --kind tokens and --seq-len L; otherwise set --input-shape to what it "
+                    "expects")
+        return "set --input-shape to what it expects (or --kind)"
+
     def example_inputs(self, model: nn.Module, shape: tuple[int, ...], *, seed: int = 0) -> ModelInputs:
         """Reproducible example inputs of ``shape`` on the model's device."""
         raise NotImplementedError
+
+    def throughput(self, shape: tuple[int, ...]) -> Throughput:
+        """What one call at input ``shape`` processes: by default its ``shape[0]`` samples, counted in
+        :attr:`throughput_unit`."""
+        return Throughput(int(shape[0]), self.throughput_unit, f"batch of {int(shape[0])}")
 
     def outputs(self, output: Any) -> list[torch.Tensor]:
         """The output tensors that are compared (export parity) and exported, in a fixed order."""
@@ -251,6 +287,18 @@ class ModelKind:
                    default=0.0)
         scale = max((float(np.max(np.abs(e))) for e in expected if e.size), default=0.0)
         return diff, scale
+
+    def dynamic_axes(self, inputs: ModelInputs, outputs: list[torch.Tensor]) -> dict[str, dict[int, str]]:
+        """The axes of an exported graph that take any size, by input name (:attr:`ModelInputs.names`) and output
+        name (:meth:`output_names`), each axis named: by default the batch axis of every input and output.
+
+        Asked only when the graph is exported with a dynamic batch (:attr:`dynamic_batch`).
+
+        Args:
+            inputs: the example inputs the graph is traced with.
+            outputs: the output tensors (:meth:`outputs`) on those inputs.
+        """
+        return {name: {0: "batch"} for name in (*inputs.names, *self.output_names(len(outputs)))}
 
     def export_module(self, model: nn.Module, inputs: ModelInputs) -> nn.Module:
         """The module handed to the ONNX exporter: the model itself, or a view taking :meth:`ModelInputs.tensors`
@@ -379,6 +427,19 @@ def export_view(model: nn.Module, inputs: ModelInputs, kind: ModelKind) -> nn.Mo
             return tuple(kind.outputs(inputs.with_tensors(tensors).call(self.model)))
 
     return ExportView().eval()
+
+
+def is_hf_pretrained(model: Any) -> bool:
+    """Whether ``model`` is a Hugging Face ``transformers`` model: its ``config`` is a ``transformers``
+    ``PretrainedConfig`` and it has ``save_pretrained``.
+
+    ``transformers`` is never imported here: a model of its classes exists only once it is.
+    """
+    import sys
+
+    config_class = getattr(sys.modules.get("transformers"), "PretrainedConfig", None)
+    return (isinstance(config_class, type) and isinstance(getattr(model, "config", None), config_class)
+            and callable(getattr(model, "save_pretrained", None)))
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -9,6 +9,7 @@ from optkit.core.errors import DataError, OptkitError
 from optkit.kinds.base import (EvalData, EvalSet, ModelInputs, ModelKind, ScoreColumn, export_view,
                                model_device)
 from optkit.kinds.image import input_channels
+from optkit.kinds.registry import register_kind
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +43,7 @@ def has_detection_transform(model: nn.Module) -> bool:
     return any(isinstance(m, GeneralizedRCNNTransform) for m in model.children())
 
 
+@register_kind
 class Detection(ModelKind):
     """Detectors such as torchvision's Faster R-CNN, RetinaNet, FCOS and SSD.
 
@@ -69,6 +71,7 @@ class Detection(ModelKind):
     description = "detectors: a list of images C,H,W in, boxes, scores and labels per image out"
     priority = 10
     dynamic_batch = False
+    throughput_unit = "images"
     score_columns = (ScoreColumn("map50", "mAP@0.5", ".2%"),
                      ScoreColumn("map", "mAP@0.5:0.95", ".2%"),
                      ScoreColumn("agreement", "agreement with original (mAP@0.5)", ".2%"))

@@ -1,17 +1,24 @@
-"""The kind registry: built-in kinds, ``@register_kind`` for your own, and the ``optkit.kinds`` entry points.
+"""The kind registry: ``@register_kind``, and the ``optkit.kinds`` entry points.
 
-Built-in kinds are listed here by ``module:Class`` and imported on first use;
-an installed package adds one with an entry point (``name = "package.module:Class"``,
-the name being the kind's ``name``); in a script, ``@register_kind`` on a
-:class:`~optkit.kinds.base.ModelKind` subclass does the same.
+Every kind registers the same way: ``@register_kind`` on a
+:class:`~optkit.kinds.base.ModelKind` subclass registers it when its module is
+imported. Kinds come from three sources, read on first use:
+
+* **built-in kinds**: every class decorated with ``@register_kind`` in a module
+  of ``optkit/kinds/``, found by reading the source (adding a kind needs only its module);
+* **installed packages**: entry points in the ``optkit.kinds`` group, each
+  ``name = "package.module:Class"`` (the name being the kind's ``name``);
+* **your own classes**: ``@register_kind`` in a script or test.
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import importlib
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from optkit.core.errors import OptkitError
@@ -20,15 +27,10 @@ from optkit.kinds.base import KIND_ATTRIBUTE, ModelKind
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["BUILTIN_KINDS", "ENTRY_POINT_GROUP", "get_kind", "kind_of", "list_kinds", "register_kind", "set_kind"]
+__all__ = ["ENTRY_POINT_GROUP", "builtin_kinds", "get_kind", "kind_of", "list_kinds", "register_kind", "set_kind"]
 
 ENTRY_POINT_GROUP = "optkit.kinds"
-BUILTIN_KINDS = {
-    "detection": "optkit.kinds.detection:Detection",
-    "segmentation": "optkit.kinds.segmentation:Segmentation",
-    "tokens": "optkit.kinds.tokens:TokenModel",
-    "image_classifier": "optkit.kinds.image:ImageClassifier",
-}
+_KINDS_DIR = Path(__file__).resolve().parent
 K = TypeVar("K", bound=type)
 
 _registered: dict[str, type[ModelKind]] = {}
@@ -53,11 +55,46 @@ def register_kind(cls: K) -> K:
     return cls
 
 
+def builtin_kinds() -> list[str]:
+    """The names of optkit's own kinds, sorted, read from the source without importing it."""
+    return sorted(_builtin_sources())
+
+
+@lru_cache(maxsize=1)
+def _builtin_sources() -> dict[str, str]:
+    """Each built-in kind's name mapped to its module: the ``@register_kind`` classes of ``optkit/kinds/*.py``."""
+    found: dict[str, str] = {}
+    for path in sorted(_KINDS_DIR.glob("*.py")):
+        module = f"{__package__}.{path.stem}"
+        for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+            if isinstance(node, ast.ClassDef) and any(_is_register(d) for d in node.decorator_list):
+                name = _class_name_attribute(node)
+                if name in found:
+                    raise RuntimeError(f"two built-in kinds are named {name!r}: in {found[name]} and {module}")
+                found[name] = module
+    return found
+
+
+def _is_register(decorator: ast.expr) -> bool:
+    return (isinstance(decorator, ast.Name) and decorator.id == "register_kind") or (
+        isinstance(decorator, ast.Attribute) and decorator.attr == "register_kind")
+
+
+def _class_name_attribute(node: ast.ClassDef) -> str:
+    for item in node.body:
+        targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
+        value = getattr(item, "value", None)
+        if any(isinstance(t, ast.Name) and t.id == "name" for t in targets) and isinstance(value, ast.Constant):
+            return str(value.value)
+    raise RuntimeError(f"registered kind class {node.name} has no literal name = '...' attribute")
+
+
 @lru_cache(maxsize=1)
 def _load_sources() -> None:
-    for target in BUILTIN_KINDS.values():
-        module, _, name = target.partition(":")
-        register_kind(getattr(importlib.import_module(module), name))
+    for name, module in _builtin_sources().items():
+        importlib.import_module(module)  # its @register_kind registers the kind
+        if name not in _registered:
+            raise RuntimeError(f"{module} did not register its kind {name!r}")
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         cls = entry.load()
         if getattr(cls, "name", None) != entry.name:

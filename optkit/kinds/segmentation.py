@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from optkit.core.errors import DataError
 from optkit.kinds.base import EvalData, EvalSet, ModelInputs, ModelKind, ScoreColumn, output_batches
 from optkit.kinds.image import DEFAULT_IMAGE_SIZE, input_channels, random_images
+from optkit.kinds.registry import register_kind
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +22,7 @@ SCORES_PER_BATCH = 2 ** 25
 IMAGES_PER_COUNT = 64
 
 
+@register_kind
 class Segmentation(ModelKind):
     """Encoder-head segmentation models such as torchvision's FCN, DeepLabV3 and LR-ASPP.
 
@@ -39,6 +41,7 @@ class Segmentation(ModelKind):
     name = "segmentation"
     description = "segmentation models: image batch N,C,H,W in, per-pixel scores out"
     priority = 20
+    throughput_unit = "images"
     score_columns = (ScoreColumn("mean_iou", "mIoU", ".2%"),
                      ScoreColumn("accuracy", "pixel accuracy", ".2%"),
                      ScoreColumn("agreement", "agreement with original", ".2%"))

@@ -10,8 +10,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import DataError, OptkitError
-from optkit.kinds.base import (EvalData, EvalSet, ModelInputs, ModelKind, ScoreColumn, export_view, model_device,
-                               output_batches)
+from optkit.kinds.base import (EvalData, EvalSet, ModelInputs, ModelKind, ScoreColumn, Throughput, export_view,
+                               is_hf_pretrained, model_device, output_batches)
+from optkit.kinds.registry import register_kind
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -33,6 +34,7 @@ IGNORE = -100
 LOGITS_PER_BATCH = 2 ** 25
 
 
+@register_kind
 class TokenModel(ModelKind):
     """Encoders and causal LMs: ``input_ids`` and ``attention_mask`` of shape ``N,L``, ids below the vocabulary size.
 
@@ -40,7 +42,8 @@ class TokenModel(ModelKind):
     ``input_ids``, or a model whose first parameterised layer is an embedding.
     The compared output is the task head's ``logits`` (or the encoder's
     ``last_hidden_state``); the hidden size and the attention heads keep their
-    width, MLP channels are pruned.
+    width, MLP channels are pruned. Exported graphs take any batch size and
+    sequence length; throughput is counted in tokens (a call is a prefill).
 
     Causal LMs are scored on text (``--eval text[:FILE|DIR]``): perplexity, the
     exp of the mean next-token negative log-likelihood over the positions that
@@ -52,6 +55,8 @@ class TokenModel(ModelKind):
     description = "language models taking token ids (N,L) and an attention mask"
     priority = 30
     shape_help = "N,L (batch, sequence length)"
+    throughput_unit = "tokens"
+    language_model = True
     score_columns = (ScoreColumn("perplexity", "perplexity", ".3f"),
                      ScoreColumn("accuracy", "next-token top-1", ".2%"),
                      ScoreColumn("agreement", "agreement with original", ".2%"),
@@ -60,7 +65,7 @@ class TokenModel(ModelKind):
     def matches(self, model: nn.Module) -> bool:
         from torch import nn
 
-        if getattr(model, "main_input_name", None) == "input_ids":
+        if is_hf_pretrained(model) and model.main_input_name == "input_ids":
             return True
         if not any(isinstance(m, nn.Embedding) for m in model.modules()):
             return False
@@ -79,6 +84,14 @@ class TokenModel(ModelKind):
         if positions and shape[1] > positions:
             raise OptkitError(f"sequence length {shape[1]} is beyond the model's {positions} positions; "
                               f"set --seq-len {positions} or less")
+
+    def shape_hint(self, model: nn.Module) -> str:
+        return "set --seq-len L"
+
+    def throughput(self, shape: tuple[int, ...]) -> Throughput:
+        """A call on ``N,L`` token ids is a prefill of ``N × L`` tokens."""
+        tokens = int(shape[0]) * int(shape[1])
+        return Throughput(tokens, self.throughput_unit, f"prefill of {tokens} tokens")
 
     def example_inputs(self, model: nn.Module, shape: tuple[int, ...], *, seed: int = 0) -> ModelInputs:
         import torch
@@ -102,6 +115,13 @@ class TokenModel(ModelKind):
 
     def output_names(self, count: int) -> list[str]:
         return ["logits"] if count == 1 else super().output_names(count)
+
+    def dynamic_axes(self, inputs: ModelInputs, outputs: list[torch.Tensor]) -> dict[str, dict[int, str]]:
+        """Batch and sequence of every input; the batch of every output, and its sequence from rank 3 (logits)."""
+        axes = {name: {0: "batch", 1: "sequence"} for name in inputs.names}
+        for name, output in zip(self.output_names(len(outputs)), outputs):
+            axes[name] = {0: "batch", **({1: "sequence"} if output.dim() >= 3 else {})}
+        return axes
 
     def export_module(self, model: nn.Module, inputs: ModelInputs) -> nn.Module:
         return export_view(model, inputs, self)

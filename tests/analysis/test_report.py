@@ -217,19 +217,25 @@ def test_a_uniform_target_prune_before_a_finetune_names_the_allocation_that_may_
         "keep more accuracy, at about 1.5x this run's time (benchmarks/results/defaults.md)"])
 
 
-def test_a_token_models_latency_line_gives_prefill_tokens_per_second():
+def test_the_latency_line_gives_throughput_in_the_unit_of_the_models_kind():
+    import dataclasses
+
     from optkit.analysis.report import onnx_latency_note
+    from optkit.kinds import get_kind
 
-    def side(ms: float) -> dict:
-        return {"median_ms": ms, "input_shape": [1, 128]}
+    def timing(kind: str, shape: tuple[int, ...]) -> dict:
+        return {"threads": 2, "before": {"median_ms": 32.0, "input_shape": list(shape)},
+                "after": {"median_ms": 25.6, "input_shape": list(shape)}, "speedup": 1.25, "ideal_speedup": 1.25,
+                "efficiency": 1.0, "load_avg_1min": 0.1,
+                "throughput": dataclasses.asdict(get_kind(kind).throughput(shape))}
 
-    timing = {"threads": 2, "before": side(32.0), "after": side(25.6), "speedup": 1.25, "ideal_speedup": 1.25,
-              "efficiency": 1.0, "load_avg_1min": 0.1}
     # 128 tokens in 32 ms is 4,000 tokens/s; in 25.6 ms, 5,000.
-    assert "; prefill of 128 tokens: 4,000 -> 5,000 tokens/s;" in onnx_latency_note(timing)
-    images = {**timing, "before": {"median_ms": 32.0, "input_shape": [1, 3, 32, 32]},
-              "after": {"median_ms": 25.6, "input_shape": [1, 3, 32, 32]}}
-    assert "tokens/s" not in onnx_latency_note(images)
+    assert "; prefill of 128 tokens: 4,000 -> 5,000 tokens/s;" in onnx_latency_note(timing("tokens", (1, 128)))
+    images = onnx_latency_note(timing("image_classifier", (1, 3, 32, 32)))
+    assert "; batch of 1: 31 -> 39 images/s;" in images and "tokens/s" not in images
+    untold = timing("tokens", (1, 128))
+    del untold["throughput"]
+    assert "/s;" not in onnx_latency_note(untold)
 
 
 def test_a_transformer_target_prune_with_an_even_split_names_the_mix_allocation():

@@ -71,6 +71,44 @@ def test_default_shapes_follow_the_kind():
     assert infer_input_shape(loaded) == (1, POSITIONS)  # 128 by default, capped at the model's 64 positions
 
 
+def test_a_hugging_face_image_model_runs_at_its_config_size_and_exports_pixel_values(tmp_path):
+    from transformers import ViTMSNConfig, ViTMSNForImageClassification
+
+    config = ViTMSNConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                          image_size=64, patch_size=16, num_channels=1, num_labels=3)
+    loaded = load("torchvision:resnet18")
+    loaded.model = ViTMSNForImageClassification(config).eval()
+    assert infer_input_shape(loaded) == (1, 1, 64, 64)  # not 224: a ViT runs at the size its config states
+    export_onnx(loaded.model, tmp_path / "vit.onnx", infer_input_shape(loaded))
+    session = ort.InferenceSession(str(tmp_path / "vit.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["pixel_values"]
+
+
+def test_only_a_transformers_config_makes_a_hugging_face_model():
+    from types import SimpleNamespace
+
+    from optkit.kinds import is_hf_pretrained
+    from optkit.passes.prune.hf import describes_transformer
+
+    lookalike = PlainTokenModel()
+    lookalike.config = SimpleNamespace(hidden_size=32, num_attention_heads=4, image_size=64)
+    lookalike.save_pretrained = lambda folder: None
+    lookalike.main_input_name = "input_ids"
+    assert not is_hf_pretrained(lookalike) and not describes_transformer(lookalike)
+    assert get_kind("image_classifier").default_shape(lookalike) == (1, 3, 224, 224)  # its image_size is not read
+    assert is_hf_pretrained(TinyLlama()) and describes_transformer(TinyLlama())
+
+
+def test_built_in_kinds_register_as_plugins_do_and_the_cli_lists_them():
+    from optkit.kinds import builtin_kinds
+
+    assert builtin_kinds() == ["detection", "image_classifier", "segmentation", "tokens"]
+    assert set(builtin_kinds()) < set(list_kinds())
+    assert all(type(get_kind(name)).__module__.startswith("optkit.kinds.") for name in builtin_kinds())
+    help_text = " ".join(CliRunner().invoke(main, ["optimize", "--help"]).output.split())
+    assert "detection, image_classifier, segmentation, tokens (or one a plugin registers)" in help_text
+
+
 def test_a_named_kind_wins_survives_copies_and_model_pt(tmp_path):
     model = set_kind(PlainTokenModel(), "image_classifier")
     assert kind_of(copy.deepcopy(model)).name == "image_classifier"

@@ -69,8 +69,9 @@ def quantize_exported(fp32_path: str | os.PathLike, int8_path: str | os.PathLike
         int8_path: where the INT8 file goes.
         settings: the INT8 settings.
         input_shape: the model's input shape.
-        model: the PyTorch model the file was exported from. A language (token) model is quantized
-            dynamically and verified by perplexity on text, its decode graph too
+        model: the PyTorch model the file was exported from. A model whose kind is a language model
+            (:attr:`optkit.kinds.ModelKind.language_model`) is quantized dynamically and verified by
+            perplexity on text, its decode graph too
             (:func:`optkit.passes.quantize.tokens.quantize_language_model`).
 
     Returns:
@@ -84,7 +85,7 @@ def quantize_exported(fp32_path: str | os.PathLike, int8_path: str | os.PathLike
     """
     from optkit.passes.quantize import compare_latency, quantize_onnx
 
-    if model is not None and _is_token_model(model):
+    if model is not None and _is_language_model(model):
         from optkit.passes.quantize.tokens import quantize_language_model
 
         return quantize_language_model(fp32_path, int8_path, settings, input_shape, model)
@@ -103,7 +104,7 @@ def quantize_exported(fp32_path: str | os.PathLike, int8_path: str | os.PathLike
     return result
 
 
-def _is_token_model(model: Any) -> bool:
+def _is_language_model(model: Any) -> bool:
     from optkit.kinds import kind_of
 
-    return kind_of(model).name == "tokens"
+    return kind_of(model).language_model

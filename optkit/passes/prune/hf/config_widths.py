@@ -62,11 +62,10 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
     ``None`` when the model is not a ``transformers`` model, its config does not rebuild it as it is (or the
     rebuilt model does not run on the meta device), or no field of its config is such a width.
     """
-    from optkit.io.hf import is_pretrained
-    from optkit.kinds import example_inputs
+    from optkit.kinds import example_inputs, is_hf_pretrained
     from optkit.passes.prune.graph.groups import prunable_groups, ratios_for
 
-    if not is_pretrained(model) or widths.ratio <= 0:
+    if not is_hf_pretrained(model) or widths.ratio <= 0:
         return None
     base = model.config.to_dict()
     inputs = example_inputs(model, spec.input_shape)
