@@ -54,6 +54,7 @@ METHODS = {
     "magnitude": {},
     "uniform + refit": {"data": "text"},
     "mix + refit": {"data": "text", "allocation": "sensitivity"},
+    "mix + refit (unpruned inputs)": {"data": "text", "allocation": "sensitivity", "block_inputs": "unpruned"},
 }
 TP_TIME_LIMIT_S = 180
 

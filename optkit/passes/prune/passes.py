@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random", "activation")
 ALLOCATIONS = ("uniform", "global", "sensitivity")
+BLOCK_INPUTS = ("pruned", "unpruned")
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_ROUND_TO = 16
 #: A fraction target achieved at or above this removed nothing worth the name.
@@ -157,6 +158,10 @@ class StructuredPrune(Pass):
                                     "expected contribution (from its weight and bias, no data needed); in a "
                                     "transformer given calibration text, a least-squares refit of the layers that "
                                     "read removed heads or MLP channels.")
+    block_inputs: str = setting("pruned", help="A transformer pruned block by block: each block's statistics and "
+                                "refit are taken on the outputs of the blocks before it as pruned (pruned) or as "
+                                "they were (unpruned); see benchmarks/results/llm.md for the measured choice.",
+                                choices=BLOCK_INPUTS, flag="block-inputs")
     calibration_batches: int = setting(4, help="How many batches of data taylor importance, activation importance "
                                        "and a transformer's refit use.", low=1)
     batch_size: int = setting(16, help="Batch size when reading data.", low=1)
@@ -244,7 +249,7 @@ class StructuredPrune(Pass):
             drop_blocks=self.drop_blocks, timeout_s=self.timeout_s, group_timeout_s=self.group_timeout_s,
             fallback_budget_s=self.fallback_budget_s, fallback_trials=self.fallback_trials, data=self.data,
             calibration=self.calibration, calibration_batches=self.calibration_batches, batch_size=self.batch_size,
-            device=self.device)
+            device=self.device, block_inputs=self.block_inputs)
 
     def prune(self, model: nn.Module, ratio: float) -> dict[str, Any]:
         """Prune ``model`` in place at ``ratio`` with this pass's other settings, ignoring its targets.

@@ -57,6 +57,8 @@ class PruneSpec:
         timeout_s, group_timeout_s, fallback_budget_s, fallback_trials: the verified prune's limits.
         data, calibration, calibration_batches, batch_size: batches for ``taylor`` importance.
         device: where a transformer's blocks are computed, one at a time (``None``: where the model is).
+        block_inputs: whether a block's statistics are taken on the pruned (``pruned``) or the unpruned
+            (``unpruned``) outputs of the blocks before it.
     """
 
     input_shape: tuple[int, ...]
@@ -77,6 +79,7 @@ class PruneSpec:
     calibration_batches: int = 4
     batch_size: int = 16
     device: str | None = None
+    block_inputs: str = "pruned"
 
     def uniform(self, ratio: float, round_to: int) -> Widths:
         """Every group loses ``ratio`` of its channels (the user's ``layer_ratios`` and ranking apply)."""

@@ -269,9 +269,12 @@ def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, An
     structure = parse_first(model, blocks, captured, target)
     problem = check_plan(model, plan, structure)
     if problem is not None:
-        raise OptkitError(f"the stock class cannot describe {plan.describe(structure.attentions[0].heads, structure.attentions[0].kv_heads)}: {problem}")
+        attention = structure.attentions[0]
+        raise OptkitError(f"the stock class cannot describe {plan.describe(attention.heads, attention.kv_heads)}: "
+                          f"{problem}")
     sweep = Sweep()
     path = find_block_lists(model)[0][0]
+    settings = changed_settings(model, plan, structure)
     shown = progress(stage, "blocks pruned", len(blocks))
     for index, module in enumerate(blocks):
         block = visit(module, f"{path}.{index}", captured, target, model.config, structure)
@@ -280,6 +283,7 @@ def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, An
             before = stats.outputs
             originals = {id(layer): layer.module.weight.detach().clone() for layer in narrowed(block)}
             kept = cut(block, plan, stats.norms if importance == "activation" else None)
+            adopt_settings(block.module, settings)
             if refit:
                 errors = {}
                 for layer in narrowed(block):
@@ -389,8 +393,8 @@ def statistics(block: Block, captured: Captured, device: torch.device, *, grams:
         sums[layer.name] = sums.get(layer.name, 0) + x.pow(2).sum(0)
         counts[layer.name] = counts.get(layer.name, 0) + len(x)
         if grams and id(module) in narrowing:
-            x64 = x.double()
-            gram[layer.name] = gram.get(layer.name, 0) + x64.t() @ x64
+            # fp32 sums (fp64 matmuls cost several times as much on CPUs); the solve itself runs in fp64.
+            gram[layer.name] = gram.get(layer.name, 0) + x.t() @ x
 
     handles = [layer.module.register_forward_pre_hook(hook) for layer in layers.values()]
     produced = [] if keep_outputs else None
@@ -462,7 +466,7 @@ def refit_layer(layer: Layer, weight: torch.Tensor, kept: torch.Tensor, gram: to
         the refitted layer's output error relative to the original output's energy, on the calibration inputs.
     """
     full = (weight if layer.out_axis == 0 else weight.t()).double()  # out x in
-    gram = gram.to(full.device)
+    gram = gram.to(device=full.device, dtype=torch.float64)
     kept_gram = gram[kept][:, kept]
     damped = kept_gram + torch.eye(len(kept), dtype=gram.dtype, device=gram.device) * DAMPING * \
         kept_gram.diagonal().mean().clamp_min(1e-12)
@@ -589,3 +593,34 @@ def fit_mlp(model: nn.Module, structure: Block, kv_keep: int, q_keep: int, fract
     if check_plan(model, plan, structure) is not None:
         return None
     return plan, planned_size(model, plan, structure, measured) / full
+
+
+def changed_settings(model: nn.Module, plan: Plan, structure: Block) -> dict[str, dict[str, Any]]:
+    """The scalar module settings a block's modules take from the config that the plan changes (an attention's
+    head count, its KV groups), as the stock class sets them: ``{module name in a block: {attribute: value}}``.
+
+    A cut block takes them at once (:func:`adopt_settings`), so that it runs, for the next block's inputs, as the
+    stock class built from the edited config would run it.
+    """
+    from optkit.io.hf import stock_class
+    from optkit.passes.prune.hf.transformer import is_setting
+
+    with torch.device("meta"):
+        before = stock_class(model)(model.config)
+        after = stock_class(model)(edited_config(model.config, plan, structure))
+    old = dict(find_block_lists(before)[0][1][0].named_modules())
+    changes: dict[str, dict[str, Any]] = {}
+    for name, module in find_block_lists(after)[0][1][0].named_modules():
+        previous = vars(old[name]) if name in old else {}
+        for key, value in vars(module).items():
+            if not key.startswith("_") and key != "training" and is_setting(value) and previous.get(key) != value:
+                changes.setdefault(name, {})[key] = value
+    return changes
+
+
+def adopt_settings(block: nn.Module, changes: dict[str, dict[str, Any]]) -> None:
+    """Set :func:`changed_settings` on a cut block's modules."""
+    modules = dict(block.named_modules())
+    for name, settings in changes.items():
+        if name in modules:
+            vars(modules[name]).update(settings)

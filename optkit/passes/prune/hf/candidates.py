@@ -91,6 +91,7 @@ def score_plans(model: nn.Module, structure: Block, plans: Sequence[blockwise.Pl
     rows = len(val_inputs["input_ids"])
     val_batches = [{k: v[i:i + batch] for k, v in val_inputs.items()} for i in range(0, rows, batch)]
     streams = [blockwise.capture_inputs(model, blocks, val_batches)] * len(plans)
+    settings = [blockwise.changed_settings(model, plan, structure) for plan in plans]
     shown = progress(stage, f"blocks scored for {len(plans)} plans", len(blocks))
     for index, module in enumerate(blocks):
         block = blockwise.visit(module, f"{path}.{index}", calib, device, model.config, structure)
@@ -101,6 +102,7 @@ def score_plans(model: nn.Module, structure: Block, plans: Sequence[blockwise.Pl
             for number, plan in enumerate(plans):
                 trial = copy.deepcopy(block)
                 kept = blockwise.cut(trial, plan, stats.norms if importance == "activation" else None)
+                blockwise.adopt_settings(trial.module, settings[number])
                 if refit:
                     for layer in blockwise.narrowed(trial):
                         if layer.name in stats.grams:

@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     from optkit.passes.prune.hf.blockwise import Plan
     from optkit.passes.prune.hf.structure import Block
 
-#: Where each block's calibration inputs come from in the block-by-block prune (see ``benchmarks/llm_scale.py``).
-INPUTS_FROM = "pruned"
-
-
 def prune_transformer_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any]:
     """Whole heads, MLP channels (and with ``drop_blocks``, blocks), uniform across blocks, config updated.
 
@@ -143,7 +139,7 @@ def prune_planned(model: nn.Module, spec: PruneSpec, plan: Plan, structure: Bloc
     attention = structure.attentions[0]
     before = _summary(model, attention.heads, attention.kv_heads, sorted(plan.mlp_keep))
     sweep = blockwise.prune_blockwise(model, plan, batches, importance=spec.importance, refit=refit,
-                                      inputs_from=INPUTS_FROM, device=compute_device(model, spec))
+                                      inputs_from=spec.block_inputs, device=compute_device(model, spec))
     after = _summary(model, plan.heads(), plan.kv_keep, sorted(plan.mlp_keep.values()))
     units = sweep.blocks * len(structure.attentions)
     after["attention_units"] = before["attention_units"] = units
@@ -153,7 +149,7 @@ def prune_planned(model: nn.Module, spec: PruneSpec, plan: Plan, structure: Bloc
                      "MLP down projections) by least squares on the calibration text")
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     result = {"before": before, "after": after, "dropped_blocks": [], "skipped": [], "engine": "blockwise",
-              "dtype": dtype, "seconds": round(sweep.seconds, 2), "inputs_from": INPUTS_FROM}
+              "dtype": dtype, "seconds": round(sweep.seconds, 2), "block_inputs": spec.block_inputs}
     return {"importance": spec.importance, "refitted_layers": sweep.refitted, "transformer": result,
             "pruned_layers": units, "skipped_layers": {}, "notes": notes,
             "refit_errors": [{name: round(error, 6) for name, error in block.items()} for block in sweep.errors]}

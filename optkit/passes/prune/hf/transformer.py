@@ -307,7 +307,7 @@ def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: li
     """
     saved_params = [(m, n, p) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
     saved_buffers = [(m, dict(m._buffers)) for m in model.modules()]
-    saved_settings = [(m, {k: v for k, v in vars(m).items() if not k.startswith("_") and _is_setting(v)})
+    saved_settings = [(m, {k: v for k, v in vars(m).items() if not k.startswith("_") and is_setting(v)})
                       for m in model.modules()]
     saved_config = copy.deepcopy(vars(model.config))
     saved_lists = {id(m): (m, list(m)) for m in model.modules() if isinstance(m, nn.ModuleList)}
@@ -375,14 +375,14 @@ def matches_stock(model: nn.Module) -> str | None:
             continue
         for key, value in vars(module).items():
             theirs_value = vars(other).get(key)
-            if (not key.startswith("_") and key != "training" and _is_setting(value)
+            if (not key.startswith("_") and key != "training" and is_setting(value)
                     and type(theirs_value) is type(value) and theirs_value != value):
                 setattr(module, key, theirs_value)
     hidden_size.refresh_derived_buffers(model)
     return None
 
 
-def _is_setting(value: Any) -> bool:
+def is_setting(value: Any) -> bool:
     """A scalar or a tuple of scalars (a norm's ``normalized_shape``): a size or setting the class derives."""
     items = value if isinstance(value, tuple) else (value,)
     return all(isinstance(v, int | float | str) for v in items)

@@ -51,12 +51,16 @@ def search(target: MixTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
     from optkit.analysis.evaluation import EvalSettings, load_eval_set, score, torch_logits
     from optkit.data.specs import is_text
     from optkit.model.stats import count_macs, count_params
+    from optkit.passes.prune.hf.entry import example_keywords, first_block
 
     def measure(m: nn.Module) -> int:
         return count_macs(m, spec.input_shape) if target.measured == "macs" else count_params(m)
 
     original = measure(model)
     val = load_eval_set(EvalSettings(data=spec.data, samples=VAL_BLOCKS), model, spec.input_shape, split="val")
+    structure = first_block(model, example_keywords(model, spec)) if is_text(spec.data) and not spec.drop_blocks else None
+    if structure is not None:
+        return _search_blockwise(target, spec, model, structure, val, measure, original)
     light = dataclasses.replace(spec, importance="l1", bias_correction=False, calibration=None, data=None)
 
     def pruned(heads: float, mlp: float, how: PruneSpec) -> tuple[Any, dict[str, Any]]:

@@ -131,3 +131,30 @@ def test_a_parameter_target_on_a_grouped_query_model_is_met_without_losing_a_kv_
     assert after / before == pytest.approx(0.8, abs=0.02)
     assert pruned.config.num_key_value_heads == 2
     assert pruned.config.num_attention_heads < 14
+
+
+@pytest.mark.parametrize("plan", [blockwise.Plan(kv_keep=1, q_keep=7, mlp_keep={288: 160}),
+                                  blockwise.Plan(kv_keep=2, q_keep=3, mlp_keep={288: 288})])
+def test_a_plan_scored_in_one_sweep_has_the_perplexity_of_the_model_cut_to_it(plan):
+    from optkit.passes.prune.hf.candidates import score_plans
+
+    model = _qwen()
+    blocks = blockwise.chained_blocks(model)
+    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
+                                      torch.device("cpu"))
+    val = _batches(2, seed=9)
+    ids = torch.cat([b["input_ids"] for b in val])
+    ids[:, -3:] = 0
+    mask = torch.cat([b["attention_mask"] for b in val])
+    targets = ids[:, 1:].clone()
+    targets[:, -3:] = -100  # positions without a scored next token
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    [scored] = score_plans(model, structure, [plan], _batches(), {"input_ids": ids, "attention_mask": mask}, targets,
+                           importance="activation")
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # scoring changed nothing
+    blockwise.prune_blockwise(model, plan, _batches(), importance="activation", inputs_from="unpruned")
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=-100)
+    expected = torch.exp(losses.sum() / (targets != -100).sum()).item()
+    assert scored == pytest.approx(expected, rel=1e-4)
