@@ -143,10 +143,10 @@ def _allocation_hint(run: PipelineRun) -> list[str]:
     """
     prunes = [r for r in run.records if r.name == "structured_prune" and "target" in r.details]
     if any("transformer" in r.details and r.details.get("allocation") != "mix" for r in prunes):
-        return ["structured_prune cut heads and MLP channels by the same share: `--allocation sensitivity` with "
-                "text data (--calib-data text) splits the cut between them by validation perplexity, which kept "
-                "test perplexity within 1.02x down to 0.7 of the parameters on the shipped language model, where "
-                "the same share gave 1.16-1.95x (benchmarks/results/llm.md)"]
+        return ["structured_prune cut heads and MLP channels by the same share: given text data (--calib-data "
+                "text), the default allocation splits the cut between them by validation perplexity, which kept "
+                "test perplexity within 1.01x at 0.8 of the parameters on the shipped language model, where the "
+                "same share gave about 2x (benchmarks/results/llm.md)"]
     tunes = [r for r in run.records if r.name == "finetune" and r.details.get("data")]
     if not prunes or not tunes or any(r.details.get("allocation") == "sensitivity" for r in prunes):
         return []

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from optkit.passes.prune.targets.curves import Sensitivity
 
 STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random", "activation")
-ALLOCATIONS = ("uniform", "global", "sensitivity")
+ALLOCATIONS = ("auto", "uniform", "global", "sensitivity")
 BLOCK_INPUTS = ("pruned", "unpruned")
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_ROUND_TO = 16
@@ -109,12 +109,14 @@ class StructuredPrune(Pass):
                               "bn_scale, random (a baseline), or activation (a transformer's heads and MLP channels "
                               "by weight x input activation norm on calibration text; needs data).",
                               choices=STRUCTURED_IMPORTANCE, flag="importance")
-    allocation: str = setting("uniform", help="How the reduction is spread over layers: uniform (every group "
-                              "loses the same fraction), global (channels ranked across all groups), or "
+    allocation: str = setting("auto", help="How the reduction is spread over layers: uniform (every group "
+                              "loses the same fraction), global (channels ranked across all groups), "
                               "sensitivity (per-group ratios from measured accuracy curves, least predicted "
                               "loss for target_macs; needs data; see optkit sensitivity; for a transformer, the "
                               "split of target_params or target_macs between heads and MLP channels with the "
-                              "least validation perplexity on text data).",
+                              "least validation perplexity on text data), or auto (sensitivity for a transformer "
+                              "given text data and a parameter or MACs target, where it measured best in "
+                              "benchmarks/results/llm.md; uniform otherwise).",
                               choices=ALLOCATIONS, flag="allocation")
     iterative_steps: int = setting(1, help="Reach the ratio in this many equal steps (with a --prune ratio and a "
                                    "fine-tune on the command line, fine-tune after each; a target search prunes in "
@@ -219,7 +221,7 @@ class StructuredPrune(Pass):
             round_to = None if self.round_to == "auto" else self.round_to
             return targets.LatencyTarget(self.target_latency, self.target_tolerance, self.latency_threads,
                                          self.latency_batch, round_to)
-        if self.allocation == "sensitivity" and self.submodule is None and describes_transformer(model):
+        if self.resolved_allocation(model) == "sensitivity" and self.submodule is None and describes_transformer(model):
             measured, fraction = ("macs", self.target_macs) if self.target_macs is not None else ("params",
                                                                                                 self.target_params)
             return targets.MixTarget(fraction, self.target_tolerance, 8 if self.round_to == "auto" else self.round_to,
@@ -237,6 +239,19 @@ class StructuredPrune(Pass):
         if self.target_params is not None:
             return targets.ParamsTarget(self.target_params, self.target_tolerance, self.round_to)
         return targets.RatioTarget(self.ratio, self.round_to)
+
+    def resolved_allocation(self, model: nn.Module) -> str:
+        """The allocation this run uses: ``auto`` is ``sensitivity`` for a transformer given text data and a
+        parameter or MACs target (the measured best for language models), else ``uniform``."""
+        if self.allocation != "auto":
+            return self.allocation
+        from optkit.data.specs import is_text
+        from optkit.passes.prune.hf import describes_transformer
+
+        targeted = self.target_macs is not None or self.target_params is not None
+        text = self.data is not None and is_text(self.data)
+        transformer = self.submodule is None and describes_transformer(model)
+        return "sensitivity" if targeted and text and transformer and self.target_latency is None else "uniform"
 
     def spec(self) -> PruneSpec:
         """How these settings choose and remove channels, whatever the target (see :class:`PruneSpec`)."""

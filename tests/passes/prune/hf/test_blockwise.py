@@ -158,3 +158,17 @@ def test_a_plan_scored_in_one_sweep_has_the_perplexity_of_the_model_cut_to_it(pl
     losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=-100)
     expected = torch.exp(losses.sum() / (targets != -100).sum()).item()
     assert scored == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_default_allocation_measures_the_split_for_a_language_model_given_text_and_a_target(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("some words\n" * 50)
+    model = _qwen(layers=1)
+    assert StructuredPrune(target_params=0.8, data=f"text:{text}").resolved_allocation(model) == "sensitivity"
+    assert StructuredPrune(target_macs=0.8, data=f"text:{text}").resolved_allocation(model) == "sensitivity"
+    assert StructuredPrune(target_params=0.8).resolved_allocation(model) == "uniform"  # no text to measure on
+    assert StructuredPrune(ratio=0.3, data=f"text:{text}").resolved_allocation(model) == "uniform"  # no target
+    convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+    assert StructuredPrune(target_macs=0.5, data="fashion-mnist").resolved_allocation(convnet) == "uniform"
+    assert StructuredPrune(target_params=0.8, data=f"text:{text}",
+                           allocation="uniform").resolved_allocation(model) == "uniform"
