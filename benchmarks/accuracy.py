@@ -37,6 +37,8 @@ from torch.utils.data import Dataset, Subset
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import destination, partial_options  # noqa: E402
+
 from optkit.demo import FASHION_RESNET  # noqa: E402
 from optkit.io import checkpoint  # noqa: E402
 
@@ -93,7 +95,9 @@ def baseline(splits, args) -> tuple[torch.nn.Module, dict]:
     info = {"epochs": args.baseline_epochs, "train_samples": len(splits["train"]),
             "seconds": round(time.perf_counter() - start, 1), "best_epoch": result.best_epoch,
             "history": result.history}
-    checkpoint.save(result.model, BASELINE, arch, extra={"trained_by": "benchmarks/accuracy.py", "training": info})
+    # A cheaper baseline than the shipped one's (fewer samples or epochs) is saved elsewhere, never over it.
+    saved = destination(BASELINE, args.partial, committed=BASELINE)
+    checkpoint.save(result.model, saved, arch, extra={"trained_by": "benchmarks/accuracy.py", "training": info})
     return result.model, {"trained_now": True, "file": BASELINE.name, "widths": list(args.widths), **info}
 
 
@@ -146,11 +150,13 @@ def run_config(name: str, method: str, amount: float, allocation: str | None, mo
     return row
 
 
-def write_results(report: dict, name: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / f"{name}.json", json.dumps(report, indent=2) + "\n")
-    write_text(RESULTS / f"{name}.md", to_markdown(report))
-    plot(report, RESULTS / f"{name}.png")
+def write_results(report: dict, name: str, partial: list[str] | None = None) -> None:
+    """Write NAME.{json,md,png} to benchmarks/results/, or elsewhere for a partial run (see ``_results.py``)."""
+    folder = destination(RESULTS, partial or [])
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / f"{name}.json", json.dumps(report, indent=2) + "\n")
+    write_text(folder / f"{name}.md", to_markdown(report))
+    plot(report, folder / f"{name}.png")
 
 
 def to_markdown(report: dict) -> str:
@@ -254,6 +260,9 @@ def main() -> None:
     parser.add_argument("--name", default="accuracy", help="results file names: NAME.json, NAME.md, NAME.png")
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     args = parser.parse_args()
+    # Fewer samples, epochs or configurations than the committed run: a partial run, written elsewhere.
+    args.partial = partial_options(parser, args, ["baseline_epochs", "epochs", "widths", "train_size", "test_size",
+                                                  "allocations", "unstructured"])
     torch.set_num_threads(args.threads)
     # A private cache: the sensitivity analysis's cost is measured cold (the second target reuses it).
     os.environ["OPTKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="optkit-accuracy-cache-")
@@ -305,7 +314,7 @@ def main() -> None:
     for name, method, ratio, allocation in configs:
         report["rows"].append(run_config(name, method, ratio, allocation, model, splits, args))
         report["seconds"] = round(time.perf_counter() - started, 1)
-        write_results(report, args.name)
+        write_results(report, args.name, args.partial)
     logging.info("wrote %s", ", ".join(f"{args.name}.{ext}" for ext in ("json", "md", "png")))
 
 

@@ -39,6 +39,8 @@ import torchvision
 from torch import nn
 
 from optkit.analysis.latency import time_callable
+from _results import destination, partial_options
+
 from optkit.core.files import write_text
 from optkit.data import load_dataset, make_loader
 from optkit.model.stats import count_params
@@ -276,6 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     command = "python " + shlex.join(["benchmarks/batchnorm.py", *(argv if argv is not None else sys.argv[1:])])
+    # Fewer epochs, images or repeats than the committed run: written elsewhere (see _results.py).
+    args.out = str(destination(args.out, partial_options(parser, args, ["epochs", "train_size", "test_size",
+                                                                         "repeats", "recal_batches"])))
     json_path = Path(f"{args.out}.json")
     results: dict = {}
     if args.only in (None, "learning"):

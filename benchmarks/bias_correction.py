@@ -19,6 +19,7 @@ Writes benchmarks/results/bias-correction.json and bias-correction.md (about 5 m
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import time
@@ -135,7 +136,9 @@ def summary_notes(report: dict) -> list[str]:
         f"- Whole run {report['seconds']:.0f} s."]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # No options: the parser gives --help (which would otherwise run the whole benchmark) and refuses others.
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     torch.set_num_threads(2)
     start = time.perf_counter()
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,

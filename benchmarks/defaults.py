@@ -48,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 import optkit  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
 from optkit.data.datasets import load_dataset  # noqa: E402
+from _results import destination, partial_options  # noqa: E402
+
 from optkit.io.architectures import ArchSpec  # noqa: E402
 from optkit.model.stats import measure  # noqa: E402
 from optkit.passes.finetune.loop import fit  # noqa: E402
@@ -259,10 +261,12 @@ def choose(summary: list[dict], min_gain: float, max_time_ratio: float) -> list[
     return chosen
 
 
-def write_results(report: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / "defaults.json", json.dumps(report, indent=2) + "\n")
-    write_text(RESULTS / "defaults.md", to_markdown(report))
+def write_results(report: dict, partial: list[str] | None = None) -> None:
+    """Write defaults.{json,md} to benchmarks/results/, or elsewhere for a partial run (see ``_results.py``)."""
+    folder = destination(RESULTS, partial or [])
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / "defaults.json", json.dumps(report, indent=2) + "\n")
+    write_text(folder / "defaults.md", to_markdown(report))
 
 
 def to_markdown(report: dict) -> str:
@@ -375,6 +379,8 @@ def main() -> None:
     unknown = set(args.variants) - {v.name for v in VARIANTS} | set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown model or variant: {', '.join(sorted(unknown))}")
+    # Fewer models or variants than the committed table: a partial run, written elsewhere.
+    partial = partial_options(parser, args, ["models", "variants", "train_epochs", "no_combined"])
 
     started = time.perf_counter()
     test_set = load_dataset(DATA, "test")
@@ -419,7 +425,7 @@ def main() -> None:
             report["runs"].append(row)
             report["summary"] = factor_summary(report)
             report["seconds"] = round(time.perf_counter() - started, 1)
-            write_results(report)
+            write_results(report, partial)
     chosen = choose(report["summary"], args.min_gain, args.max_time_ratio)
     report["chosen"] = [v.name for v in chosen]
     if chosen and not args.no_combined:
@@ -427,8 +433,8 @@ def main() -> None:
         for key in args.models:
             report["runs"].append(run_variant(key, models[key], report["models"][key], combined, test_set, args))
             report["seconds"] = round(time.perf_counter() - started, 1)
-            write_results(report)
-    write_results(report)
+            write_results(report, partial)
+    write_results(report, partial)
 
 
 if __name__ == "__main__":

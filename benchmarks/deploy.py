@@ -49,6 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from optkit.analysis.latency import Deployment, cpu_model, interleaved_latency  # noqa: E402
 from optkit.core.errors import DataError, ExportError  # noqa: E402
+from _results import destination, partial_options  # noqa: E402
+
 from optkit.core.files import atomic_path, write_text  # noqa: E402
 from optkit.demo import FASHION_RESNET  # noqa: E402
 from optkit.export.onnx import export_onnx  # noqa: E402
@@ -313,6 +315,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     parser.add_argument("--out", default=str(RESULTS / "deploy"), help="output path without extension")
     args = parser.parse_args(argv)
+    # Fewer models, settings or repeats than the committed run: written elsewhere (see _results.py).
+    partial = partial_options(parser, args, ["models", "threads", "batches", "repeats", "warmup",
+                                             "fashion_test_size", "no_fashion", "quick"])
+    args.out = str(destination(args.out, partial))
     args.threads = [int(t) for t in args.threads.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
     if args.quick:

@@ -40,6 +40,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _hf_configs import AUTO_CLASS, DEV_SET, IMAGE_SIZE, VOCAB, build, is_decoder, is_image, shape_of  # noqa: E402
+from _results import pin_lines  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
@@ -300,6 +301,7 @@ def markdown(data: dict) -> str:
         "",
         f"Command: `{data['command']}`",
         "",
+        *pin_lines("torch-pruning", data.get("torch_pruning")),
         f"Machine: {data['machine']}; torch {data['torch']}, transformers {data['transformers']}, torch-pruning "
         f"{data['torch_pruning']}, onnxruntime {data['onnxruntime']}. Each type: a tiny config "
         "(`benchmarks/_hf_configs.py`: hidden 64 (swin 32), 2 blocks (swin 2+2), 4 heads with 2 KV heads where the "

@@ -34,6 +34,8 @@ from pathlib import Path
 import torchvision
 
 from optkit.analysis.latency import cpu_model, interleaved_latency
+from _results import destination, partial_options
+
 from optkit.core.files import write_text
 from optkit.export.onnx import export_onnx
 from optkit.model.stats import count_macs
@@ -205,6 +207,9 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only recompute the equal-latency MACs from the "
                         "recorded tries and rewrite the --out files")
     args = parser.parse_args()
+    # Fewer models, settings or repeats than the committed run: written elsewhere (see _results.py).
+    partial = partial_options(parser, args, ["models"])
+    args.out = str(destination(args.out, partial))
     if args.render:
         saved = json.loads(Path(f"{args.out}.json").read_text(encoding="utf-8"))
         for row in saved["rows"]:

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _results import destination, partial_options  # noqa: E402
 from llm import MODEL, SEQ_LEN, params, perplexity, split_blocks  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
 from optkit.io.models import load_model  # noqa: E402
@@ -68,6 +69,8 @@ def main() -> None:
     parser.add_argument("--threads", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    # Fewer steps or thread counts than the committed run: written elsewhere (see _results.py).
+    args.out = destination(args.out, partial_options(parser, args, ["steps", "threads"]))
     path = args.out / "llm-deploy.json"
     record = json.loads(path.read_text()) if path.is_file() else {}
     record.update({"model": str(MODEL.relative_to(ROOT)), "seq_len": SEQ_LEN,

@@ -8,16 +8,20 @@ Usage:
 
     python benchmarks/prune_targets.py [MODEL ...]
 
-Writes benchmarks/results/prune_targets.json and prune_targets.md.
+Writes benchmarks/results/prune_targets.json and prune_targets.md; a run of some of the models writes them
+to a temporary folder instead (see ``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from _results import destination
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("fashion_resnet", "resnet18", "mobilenet_v2", "resnet50", "vit_b_16")
@@ -36,7 +40,13 @@ def _model(name: str):
     return load_model(f"torchvision:{name}"), SHAPE
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", metavar="MODEL",
+                        help=f"torchvision names, or fashion_resnet (default: {', '.join(MODELS)})")
+    args = parser.parse_args(argv)
+    names = args.models or list(MODELS)
+    partial = [f"models {','.join(names)}"] if set(names) != set(MODELS) else []
     import torch
 
     from optkit.core.files import write_text
@@ -44,7 +54,7 @@ def main() -> None:
     from optkit.passes.prune.passes import DEFAULT_ROUND_TO, StructuredPrune
 
     rows = []
-    for name in sys.argv[1:] or MODELS:
+    for name in names:
         model, shape = _model(name)
         start = time.perf_counter()
         result = StructuredPrune(target_macs=TARGET, input_shape=shape).apply(model)
@@ -71,9 +81,10 @@ def main() -> None:
     lines += [f"| {r['model']} | {'×'.join(map(str, r['input_shape'][1:]))} | {r['achieved_macs_fraction']:.4f} | "
               f"{'yes' if r['within_tolerance'] else 'no'} | {'per group' if r['ratio'] is None else r['ratio']} | {r['round_to']} | {len(r['tries'])} | "
               f"{r['seconds']} |" for r in rows]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / "prune_targets.json", json.dumps({"command": command, "machine": machine, "models": rows}, indent=1) + "\n")
-    write_text(RESULTS / "prune_targets.md", "\n".join(lines) + "\n")
+    json_path, md_path = (destination(RESULTS / name, partial) for name in ("prune_targets.json", "prune_targets.md"))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(json_path, json.dumps({"command": command, "machine": machine, "models": rows}, indent=1) + "\n")
+    write_text(md_path, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ import torchvision
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import destination, partial_options  # noqa: E402
+
 from optkit.core.files import atomic_path, write_text  # noqa: E402
 from optkit.demo import FASHION_RESNET  # noqa: E402
 from optkit.export.onnx import export_onnx  # noqa: E402
@@ -282,6 +284,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     parser.add_argument("--out", default=str(RESULTS / "quantize"), help="output path without extension")
     args = parser.parse_args(argv)
+    # Fewer models, settings or repeats than the committed run: written elsewhere (see _results.py).
+    partial = partial_options(parser, args, ["models", "batches", "threads", "repeats", "warmup", "methods",
+                                             "fashion_test_size", "fashion_epochs"])
+    args.out = str(destination(args.out, partial))
     args.batches = [int(b) for b in args.batches.split(",")]
     args.threads = [int(t) for t in args.threads.split(",")]
     args.methods = args.methods.split(",")

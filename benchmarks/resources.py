@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from _results import destination, partial_options
+
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "flock /tmp/optkit-bench.lock python benchmarks/resources.py"
@@ -150,13 +152,15 @@ def main() -> None:
 
     export = _has_export() and not args.no_export
     rows = run_all(tuple(args.models), args.ratio, export, args.repeats)
+    # Fewer models or repeats than the committed run: written elsewhere (see _results.py).
+    folder = destination(RESULTS, partial_options(parser, args, ["models", "repeats", "no_export"]))
     meta = {"command": " ".join([COMMAND, *sys.argv[1:]]), "ratio": args.ratio, "repeats": args.repeats,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "baseline_rss_mib": _baseline_rss()}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(to_markdown(meta, rows))
-    print((RESULTS / f"{args.name}.md").read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    (folder / f"{args.name}.md").write_text(to_markdown(meta, rows))
+    print((folder / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":

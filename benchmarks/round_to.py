@@ -11,11 +11,13 @@ Usage (nothing else running; it takes about 5 minutes):
 
     flock /tmp/optkit-bench.lock python benchmarks/round_to.py [MODEL ...]
 
-Writes benchmarks/results/round-to.json and round-to.md.
+Writes benchmarks/results/round-to.json and round-to.md; a run of some of the models writes them to a
+temporary folder instead (see ``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import datetime
 import json
@@ -26,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _results import destination  # noqa: E402
 
 from optkit.analysis.latency import interleaved_latency  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
@@ -109,18 +113,27 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", metavar="MODEL",
+                        help=f"models to measure (default: all of {', '.join(MODELS)})")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     import onnxruntime
 
-    names = sys.argv[1:] or list(MODELS)
+    names = args.models or list(MODELS)
+    partial = [f"models {','.join(names)}"] if set(names) != set(MODELS) else []
+    json_path, md_path = (destination(RESULTS / name, partial) for name in ("round-to.json", "round-to.md"))
     with tempfile.TemporaryDirectory(prefix="optkit-round-to-") as scratch:
         models = [run_model(name, Path(scratch)) for name in names]
     report = {"command": "flock /tmp/optkit-bench.lock python " + " ".join(["benchmarks/round_to.py", *sys.argv[1:]]),
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "onnxruntime": onnxruntime.__version__, "models": models}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / "round-to.json", json.dumps(report, indent=1) + "\n")
-    write_text(RESULTS / "round-to.md", to_markdown(report) + "\n")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(json_path, json.dumps(report, indent=1) + "\n")
+    write_text(md_path, to_markdown(report) + "\n")
 
 
 if __name__ == "__main__":

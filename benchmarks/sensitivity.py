@@ -14,6 +14,7 @@ Writes ``benchmarks/results/sensitivity-resnet18.{json,md,png}``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -42,7 +43,9 @@ def _run(args: list[str], env: dict[str, str]) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # No options: the parser gives --help (which would otherwise run the whole benchmark) and refuses others.
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="optkit-sensitivity-bench-") as folder:
         work = Path(folder)
         env = {**os.environ, "OPTKIT_CACHE_DIR": str(work / "cache")}

@@ -37,6 +37,8 @@ import torch
 import torchvision
 
 from optkit.analysis.latency import cpu_model, interleaved_latency
+from _results import destination, partial_options
+
 from optkit.core.files import write_text
 from optkit.export.onnx import export_onnx
 from optkit.model.stats import count_macs
@@ -170,6 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--note", action="append", default=[], help="a note about this run for the report")
     parser.add_argument("--out", default=str(RESULTS / "speedup"), help="output path without extension")
     args = parser.parse_args(argv)
+    # Fewer models, settings or repeats than the committed run: written elsewhere (see _results.py).
+    partial = partial_options(parser, args, ["models", "threads", "batches", "repeats"])
+    args.out = str(destination(args.out, partial))
     args.threads = [int(t) for t in args.threads.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
     started = time.perf_counter()

@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import destination, partial_options  # noqa: E402
 from _smallnet import SmallResNet18  # noqa: E402
 
 from optkit.passes.precision import autocast as amp  # noqa: E402
@@ -341,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training process")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
+    # Fewer steps or rounds than the committed run: written elsewhere (see _results.py).
+    args.out = str(destination(args.out, partial_options(parser, args, ["steps", "eval_steps", "rounds"])))
 
     results = run(args)
     report = {

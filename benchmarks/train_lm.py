@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from _results import destination, partial_options  # noqa: E402
+
 from optkit.core.files import write_text  # noqa: E402
 from optkit.data.text import load_tokenizer, read_documents, token_blocks, tokenize  # noqa: E402
 
@@ -198,6 +200,9 @@ def main() -> None:
     # of torch's threads waits for the other at every op (measured: 1.7 s vs 7.3 s per step).
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 when other work keeps the cores busy).")
     args = parser.parse_args()
+    # A shorter training than the shipped model's: its model and results go elsewhere (see _results.py).
+    partial = partial_options(parser, args, ["minutes", "max_steps"])
+    out, results = destination(OUT, partial, committed=OUT), destination(RESULTS, partial)
     torch.set_num_threads(args.threads)
     torch.manual_seed(SEED)
     start = time.perf_counter()
@@ -231,9 +236,9 @@ def main() -> None:
         for split, docs in documents.items():
             data[split] = {"files": len(docs), "characters": sum(map(len, docs)),
                            "tokens": len(train_ids) if split == "train" else len(tokenize(tokenizer, docs))}
-        if OUT.exists():
-            shutil.rmtree(OUT)
-        shutil.copytree(folder, OUT)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(folder, out)
     import tokenizers
     import transformers
 
@@ -252,14 +257,15 @@ def main() -> None:
                      "warmup_steps": WARMUP_STEPS, "weight_decay": WEIGHT_DECAY, "autocast": "bf16"},
         "scores": scores,
         "seconds": round(time.perf_counter() - start, 1),
-        "files": {p.name: p.stat().st_size for p in sorted(OUT.iterdir())},
+        "files": {p.name: p.stat().st_size for p in sorted(out.iterdir())},
     }
-    write_text(RESULTS / "train-lm.json", json.dumps(report, indent=1) + "\n")
+    results.mkdir(parents=True, exist_ok=True)
+    write_text(results / "train-lm.json", json.dumps(report, indent=1) + "\n")
     markdown = to_markdown(report)
-    write_text(RESULTS / "train-lm.md", markdown)
+    write_text(results / "train-lm.md", markdown)
     # The model card beside the weights: how they were made, and what they score.
-    write_text(OUT / "README.md", markdown)
-    log(f"wrote {OUT} and {RESULTS / 'train-lm.json'}")
+    write_text(out / "README.md", markdown)
+    log(f"wrote {out} and {results / 'train-lm.json'}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from _results import destination, partial_options, pin_lines
+
 from optkit.passes.prune.passes import DEFAULT_ROUND_TO
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -266,6 +268,7 @@ def markdown(data: dict) -> str:
         "",
         f"Command: `{data['command']}`",
         "",
+        *pin_lines("torch-pruning", data.get("torch_pruning")),
         *([data["note"], ""] if data.get("note") else []),
         f"Machine: {data['machine']}; torch {data['torch']}, torchvision {data['torchvision']}, "
         f"torch-pruning {data['torch_pruning']}. Random-init weights, ratio {RATIO}, optkit's default round_to "
@@ -332,6 +335,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    # Some models, or another size, than the committed tables: written elsewhere (see _results.py).
+    args.results = destination(RESULTS, partial_options(parser, args, ["models", "size"]))
     if args.compare_only:
         rerun_comparison(args)
         return
@@ -357,7 +362,7 @@ def main() -> None:
 
     def save() -> None:
         data["total_seconds"] = round(time.perf_counter() - started, 1)
-        write_results(data)
+        write_results(data, args.results)
 
     # The timing comparison runs first, before the run heats up or is cut short.
     data["resnet50_compare"] = run_all([COMPARE], lambda row: None, args)[0]
@@ -406,8 +411,9 @@ def run_timm_zoo(args: argparse.Namespace) -> None:
         data["models"].append(row)
         data["pending"].remove(row["model"])
         data["total_seconds"] = round(time.perf_counter() - started, 1)
-        write_text(RESULTS / "zoo-timm.json", json.dumps(data, indent=1) + "\n")
-        write_text(RESULTS / "zoo-timm.md", timm_markdown(data))
+        args.results.mkdir(parents=True, exist_ok=True)
+        write_text(args.results / "zoo-timm.json", json.dumps(data, indent=1) + "\n")
+        write_text(args.results / "zoo-timm.md", timm_markdown(data))
         summary = (f"macs {row['macs_ratio']:.3f}, {row['held_count']} held, {row['prune_seconds']:.1f} s, "
                    f"direct {row['direct']['status']}" if row["status"] == "ok" else f"error: {row['error']}")
         print(f"[{len(data['models'])}/{len(names)}] {row['model']}: {summary}", flush=True)
@@ -427,6 +433,7 @@ def timm_markdown(data: dict) -> str:
         "",
         f"Command: `{data['command']}`",
         "",
+        *pin_lines("torch-pruning", data.get("torch_pruning")),
         *([data["note"], ""] if data.get("note") else []),
         f"Machine: {data['machine']}; torch {data['torch']}, timm {data['timm']}, torch-pruning "
         f"{data['torch_pruning']}. Random-init weights (`pretrained=False`), each model at its default input size, "
@@ -470,12 +477,13 @@ def rerun_comparison(args: argparse.Namespace) -> None:
     write_results(data)
 
 
-def write_results(data: dict) -> None:
+def write_results(data: dict, folder: Path = RESULTS) -> None:
     """Write zoo.json and zoo.md (atomically, so an interrupted run keeps the last complete pair)."""
     from optkit.core.files import write_text
 
-    write_text(RESULTS / "zoo.json", json.dumps(data, indent=1) + "\n")
-    write_text(RESULTS / "zoo.md", markdown(data))
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / "zoo.json", json.dumps(data, indent=1) + "\n")
+    write_text(folder / "zoo.md", markdown(data))
 
 
 def _cost(name: str) -> tuple[int, str]:

@@ -79,8 +79,12 @@ def near_chance(accuracy: float, num_classes: int, margin: float = CHANCE_MARGIN
 
 
 def chance_warning(accuracy: float, num_classes: int, spec: str, *, what: str = "the original model",
-                   margin: float = CHANCE_MARGIN) -> str | None:
+                   margin: float = CHANCE_MARGIN, random_weights: str | None = None) -> str | None:
     """A one-line warning when ``accuracy`` on the dataset ``spec`` is near chance, else ``None``.
+
+    A model whose weights are random by design (``random_weights`` says why, e.g. ``"torchvision:resnet18 has
+    random weights (nothing is downloaded)"``) scores near chance as expected: the line then says so, and
+    nothing about the data.
 
     The usual cause with trained weights is a normalization other than the
     one the model was trained with, so the line names the spec that changes
@@ -93,6 +97,7 @@ def chance_warning(accuracy: float, num_classes: int, spec: str, *, what: str = 
         spec: the dataset spec it was scored on.
         what: how the message names the model.
         margin: as for :func:`near_chance`.
+        random_weights: why the model's weights are random, when they are (:func:`optkit.io.weights.random_weights`).
 
     Returns:
         e.g. ``"the original model scores 9.7% on fashion-mnist, near chance (10%): check the
@@ -106,6 +111,9 @@ def chance_warning(accuracy: float, num_classes: int, spec: str, *, what: str = 
 
     if not near_chance(accuracy, num_classes, margin):
         return None
+    if random_weights:
+        return (f"{what} scores {_percent(accuracy)} on {spec}, chance level ({_percent(1 / num_classes)}), as "
+                f"expected: {random_weights}")
     base = parse_spec(spec).base
     info = dataset_info(spec)
     already_plain = all(m == 0 for m in info.mean) and all(s == 1 for s in info.std)

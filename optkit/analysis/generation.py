@@ -7,6 +7,12 @@ exported, in ONNX Runtime (the decode-step graphs of the original and the
 result, which the caller builds with :func:`optkit.export.decode.export_decode`),
 and shows the same greedy continuation of one prompt from both models, so a
 reader sees what pruning did to the text.
+
+The PyTorch timings before and after are taken minutes apart (before and
+after the passes), so each records the load average around it and the
+spread of its steps (:class:`optkit.analysis.latency.Conditions`); a timing
+taken on a loaded machine is retried once, and if still loaded (or noisy) its
+line says so instead of presenting the figures as a result.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from optkit.analysis.latency import measured_steadily, timing_flag
 
 if TYPE_CHECKING:
     from torch import nn
@@ -74,7 +82,11 @@ class GenerationProbe:
             "pytorch": _pair(self.before["speed"], after["speed"]),
             "decode_prompt_tokens": decode.PROMPT_TOKENS, "notes": list(self.notes)}
         if self.original_decode is not None and result_decode is not None:
-            fp32_before, fp32_after = decode.onnx_decode_speed([self.original_decode, result_decode])
+            (fp32_before, fp32_after), conditions = measured_steadily(
+                lambda: decode.onnx_decode_speed([self.original_decode, result_decode]), threads=None,
+                spreads=lambda speeds: [_spread(s) for s in speeds], retries=1)
+            for speed in (fp32_before, fp32_after):
+                speed["conditions"] = conditions.to_dict()
             section["onnxruntime"] = _pair(fp32_before, fp32_after)
             onnx_ids = decode.generate_onnx(result_decode, self.prompt, SAMPLE_TOKENS)
             section["after_onnx_matches"] = onnx_ids == after["ids"]
@@ -89,15 +101,29 @@ class GenerationProbe:
 
 
 def _measure(model: nn.Module, prompt: list[int]) -> dict[str, Any]:
-    """PyTorch decode speed and the greedy continuation of ``prompt``."""
+    """PyTorch decode speed (retried once when taken under load, with its conditions) and the greedy
+    continuation of ``prompt``."""
+    import torch
+
     from optkit.export import decode
 
-    return {"speed": decode.torch_decode_speed(model), "ids": decode.generate_torch(model, prompt, SAMPLE_TOKENS)}
+    speed, conditions = measured_steadily(lambda: decode.torch_decode_speed(model), threads=torch.get_num_threads(),
+                                          spreads=lambda s: [_spread(s)], retries=1)
+    speed["conditions"] = conditions.to_dict()
+    return {"speed": speed, "ids": decode.generate_torch(model, prompt, SAMPLE_TOKENS)}
+
+
+def _spread(speed: dict[str, Any]) -> float:
+    return speed["p90_ms"] / speed["median_ms"] if speed["median_ms"] else 1.0
 
 
 def _pair(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    return {"before": before, "after": after,
+    pair = {"before": before, "after": after,
             "speedup": round(before["median_ms"] / after["median_ms"], 3) if after["median_ms"] else None}
+    flag = timing_flag(before, after)
+    if flag:
+        pair["not_a_result"] = flag
+    return pair
 
 
 def generation_lines(section: dict[str, Any]) -> list[str]:
@@ -106,9 +132,11 @@ def generation_lines(section: dict[str, Any]) -> list[str]:
     for runtime, label in (("pytorch", "PyTorch"), ("onnxruntime", "ONNX Runtime")):
         pair = section.get(runtime)
         if pair:
+            figures = f"{pair['before']['tokens_per_s']:,.0f} -> {pair['after']['tokens_per_s']:,.0f} tokens/s"
+            flag = pair.get("not_a_result") or timing_flag(pair["before"], pair["after"])
             lines.append(f"decode with a KV cache after {section['decode_prompt_tokens']} prompt tokens, batch 1, "
-                         f"{pair['before']['threads']} thread(s), {label}: {pair['before']['tokens_per_s']:,.0f} -> "
-                         f"{pair['after']['tokens_per_s']:,.0f} tokens/s ({pair['speedup']:.2f}x)")
+                         f"{pair['before']['threads']} thread(s), {label}: "
+                         + (f"{flag} ({figures})" if flag else f"{figures} ({pair['speedup']:.2f}x)"))
     prompt = section["prompt"] if section["prompt"] is not None else section["prompt_ids"]
     for stage in ("before", "after"):
         sample = section[stage]["text"] if section[stage]["text"] is not None else section[stage]["ids"]

@@ -3,7 +3,13 @@
 Each measurement runs a few untimed warm-up calls, then times ``repeats``
 calls one by one (:func:`time_callable`) and reports the
 median, the 90th percentile and their ratio (``spread``): a spread well above
-1 means the machine was noisy and small differences mean nothing. A file is
+1 means the machine was noisy and small differences mean nothing. Each
+measurement also records the conditions it was taken in (:class:`Conditions`:
+the 1-minute load average before and after, the cores it used, the spreads):
+a timing taken on a loaded machine, or too noisy, is retried once where the
+caller asks (``retries=1``, as the reports do) and, if still so, carries a
+flag (:meth:`Conditions.flag`) that every report prints instead of presenting
+it as a result. A file is
 timed in the runtime it is deployed with: an ONNX file in ONNX Runtime (or in
 OpenVINO when asked), an OpenVINO IR (``.xml``) in OpenVINO at the precision it
 records (:mod:`optkit.runtime.openvino`). Sessions are opened by :mod:`optkit.runtime`, and
@@ -15,9 +21,9 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from optkit.core.errors import OptkitError
 from optkit.runtime import openvino as ov
@@ -27,6 +33,128 @@ if TYPE_CHECKING:
     from torch import nn
 
 ENGINES = ("torch", "onnxruntime", "openvino")
+#: Load above the cores a timing uses that still counts as a quiet machine: this process's other threads
+#: and the system's background work.
+LOAD_MARGIN = 1.0
+#: A p90 / median spread above this means the calls did not run at one speed: the timing is not a result.
+NOISY_SPREAD = 1.3
+T = TypeVar("T")
+
+
+def load_average() -> float:
+    """The 1-minute load average (``os.getloadavg``; 0.0 on a platform without one). Tests replace it."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return 0.0
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a timing was taken under, and whether that makes it a result.
+
+    A timing is taken *under load* when the 1-minute load average, before or
+    after it, exceeds the cores it uses plus :data:`LOAD_MARGIN` (other work
+    then competes for those cores), and is *noisy* when the p90 / median
+    spread of any of its series exceeds :data:`NOISY_SPREAD`. Either way it is
+    not a result: :meth:`flag` says why, in the words reports print.
+
+    Attributes:
+        load_before, load_after: the 1-minute load average before and after the timing.
+        cores: the cores the timing used (its threads, at most :func:`usable_cores`).
+        spreads: p90 / median of each series timed (one per file when several were timed together).
+        attempts: timings taken: 2 when the first was retried.
+    """
+
+    load_before: float
+    load_after: float
+    cores: int
+    spreads: tuple[float, ...] = ()
+    attempts: int = 1
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Conditions:
+        return cls(data["load_before"], data["load_after"], int(data["cores"]), tuple(data.get("spreads") or ()),
+                   int(data.get("attempts", 1)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "spreads": list(self.spreads)}
+
+    @property
+    def load(self) -> float:
+        return max(self.load_before, self.load_after)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether other work competed for the cores the timing used."""
+        return self.load > self.cores + LOAD_MARGIN
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.spreads) and max(self.spreads) > NOISY_SPREAD
+
+    @property
+    def steady(self) -> bool:
+        return not self.loaded and not self.noisy
+
+    def flag(self) -> str | None:
+        """``None`` for a result; else why the timing is not one, e.g. ``"measured under load (load average 3.40
+        on 2 cores): not a result"``."""
+        retried = " twice" if self.attempts > 1 else ""
+        if self.loaded:
+            cores = f"{self.cores} core{'s' if self.cores != 1 else ''}"
+            return f"measured{retried} under load (load average {self.load:.2f} on {cores}): not a result"
+        if self.noisy:
+            return (f"measured{retried} with p90 / median up to {max(self.spreads):.2f} (over {NOISY_SPREAD}: "
+                    "the machine was busy): not a result")
+        return None
+
+
+def timing_flag(*timings: dict[str, Any] | None) -> str | None:
+    """The first :meth:`Conditions.flag` among timings as dicts (a :class:`Latency` dict, or any dict holding
+    ``conditions``); ``None`` when each is a result or records no conditions."""
+    for timing in timings:
+        conditions = (timing or {}).get("conditions")
+        flag = Conditions.from_dict(conditions).flag() if conditions else None
+        if flag:
+            return flag
+    return None
+
+
+def measured_steadily(measure: Callable[[], T], *, threads: int | None, spreads: Callable[[T], Iterable[float]],
+                      retries: int = 0) -> tuple[T, Conditions]:
+    """Run ``measure`` and read the load average around it; while the timing was loaded or noisy, retry (at most
+    ``retries`` more times).
+
+    Args:
+        measure: takes the timing.
+        threads: the threads it uses (``None``: every core).
+        spreads: the p90 / median spreads of what ``measure`` returned.
+        retries: further attempts when the timing is not :attr:`Conditions.steady`.
+
+    Returns:
+        the last timing and the :class:`Conditions` it was taken in.
+    """
+    cores = usable_cores()
+    used = min(int(threads), cores) if threads else cores
+    attempt = 0
+    while True:
+        attempt += 1
+        before = load_average()
+        result = measure()
+        after = load_average()
+        conditions = Conditions(round(before, 2), round(after, 2), used,
+                                tuple(round(float(x), 3) for x in spreads(result)), attempt)
+        if conditions.steady or attempt > retries:
+            return result, conditions
 
 
 def cpu_model() -> str:
@@ -56,6 +184,7 @@ class Latency:
         repeats: timed calls; warmup: untimed calls before them.
         throughput: inputs per second at the median latency.
         precision: what the file computes in, when known (``fp32``, ``bf16``, ``int8``).
+        conditions: what the timing was taken under (:class:`Conditions`), when recorded.
     """
 
     engine: str
@@ -72,19 +201,31 @@ class Latency:
     warmup: int
     throughput: float
     precision: str | None = None
+    conditions: Conditions | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["input_shape"] = list(self.input_shape)
+        out["conditions"] = self.conditions.to_dict() if self.conditions is not None else None
         return out
+
+    def flag(self) -> str | None:
+        """Why this timing is not a result (:meth:`Conditions.flag`), or ``None``."""
+        return self.conditions.flag() if self.conditions is not None else None
 
 
 def _latency(engine: str, device: str, shape: tuple[int, ...], threads: int | None, timing: dict[str, float],
-             warmup: int, precision: str | None = None) -> Latency:
+             warmup: int, precision: str | None = None, conditions: Conditions | None = None) -> Latency:
     median = timing["median_ms"]
     return Latency(engine, device, shape[0], shape, threads, median, timing["p90_ms"], timing["min_ms"],
                    timing["max_ms"], timing["spread"], int(timing["repeats"]), warmup,
-                   shape[0] * 1000.0 / median if median else 0.0, precision)
+                   shape[0] * 1000.0 / median if median else 0.0, precision, conditions)
+
+
+def _timed(call, *, threads: int | None, warmup: int, repeats: int, retries: int) -> tuple[dict[str, float], Conditions]:
+    """:func:`time_callable` of ``call`` with the conditions it ran in (see :func:`measured_steadily`)."""
+    return measured_steadily(lambda: time_callable(call, warmup=warmup, repeats=repeats), threads=threads,
+                             spreads=lambda timing: [timing["spread"]], retries=retries)
 
 
 @dataclass(frozen=True)
@@ -116,7 +257,8 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 
 def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Sequence[int] | None = None,
-                threads: int | None = None, device: str = "cpu", warmup: int = 5, repeats: int = 30) -> list[Latency]:
+                threads: int | None = None, device: str = "cpu", warmup: int = 5, repeats: int = 30,
+                retries: int = 0) -> list[Latency]:
     """Time eager PyTorch inference (``eval`` mode, ``no_grad``).
 
     Args:
@@ -130,9 +272,10 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
         device: ``cpu`` or ``cuda`` (CUDA calls are synchronized before the clock stops).
         warmup: untimed calls before timing each batch size.
         repeats: timed calls per batch size.
+        retries: timings taken again when one was loaded or noisy (see :func:`measured_steadily`).
 
     Returns:
-        one :class:`Latency` per batch size.
+        one :class:`Latency` per batch size, with the :class:`Conditions` it was taken in.
 
     Raises:
         OptkitError: if the model does not run at a shape, or the device is unavailable.
@@ -160,11 +303,13 @@ def bench_torch(model: nn.Module, input_shape: Sequence[int], *, batch_sizes: Se
                 sync()
 
             try:
-                timing = time_callable(call, warmup=warmup, repeats=repeats)
+                timing, conditions = _timed(call, threads=None if device.startswith("cuda") else used_threads,
+                                            warmup=warmup, repeats=repeats, retries=retries)
             except Exception as e:
                 raise OptkitError(f"the model does not run on input shape {','.join(map(str, shape))} ({e}); "
                                   "set --input-shape to what it expects") from e
-            results.append(_latency("torch", str(device), shape, used_threads, timing, warmup))
+            results.append(_latency("torch", str(device), shape, used_threads, timing, warmup,
+                                    conditions=conditions))
     finally:
         torch.set_num_threads(previous_threads)
         model.train(was_training)
@@ -182,7 +327,7 @@ def _example_inputs(model: nn.Module, shape: tuple[int, ...]) -> Any:
 
 def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, *,
                batch_sizes: Sequence[int] | None = None, threads: int | None = None, device: str = "cpu",
-               warmup: int = 5, repeats: int = 30) -> list[Latency]:
+               warmup: int = 5, repeats: int = 30, retries: int = 0) -> list[Latency]:
     """Time an ONNX file in ONNX Runtime.
 
     Args:
@@ -195,9 +340,10 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
         device: ``cpu``, or ``cuda`` to use the CUDA execution provider.
         warmup: untimed calls before timing each batch size.
         repeats: timed calls per batch size.
+        retries: timings taken again when one was loaded or noisy (see :func:`measured_steadily`).
 
     Returns:
-        one :class:`Latency` per batch size.
+        one :class:`Latency` per batch size, with the :class:`Conditions` it was taken in.
 
     Raises:
         OptkitError: if the file cannot be loaded, its shape is unknown, or it fails to run.
@@ -214,16 +360,18 @@ def bench_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None
                               f"it cannot run batch {run_shape[0]} (export with a dynamic batch)")
         feed = onnx_feed(session, run_shape)
         try:
-            timing = time_callable(lambda: session.run(None, feed), warmup=warmup, repeats=repeats)
+            timing, conditions = _timed(lambda: session.run(None, feed), threads=threads, warmup=warmup,
+                                        repeats=repeats, retries=retries)
         except Exception as e:
             raise OptkitError(f"{path} does not run on input shape {','.join(map(str, run_shape))} ({e})") from e
-        results.append(_latency("onnxruntime", device, run_shape, threads, timing, warmup))
+        results.append(_latency("onnxruntime", device, run_shape, threads, timing, warmup, conditions=conditions))
     return results
 
 
 def bench_openvino(path: str | os.PathLike, input_shape: Sequence[int] | None = None, *,
                    batch_sizes: Sequence[int] | None = None, threads: int | None = None,
-                   precision: str | None = None, warmup: int = 5, repeats: int = 30) -> list[Latency]:
+                   precision: str | None = None, warmup: int = 5, repeats: int = 30,
+                   retries: int = 0) -> list[Latency]:
     """Time an OpenVINO IR (``.xml``) or an ONNX file in OpenVINO on the CPU.
 
     Each batch size is compiled for that fixed input shape (see :func:`optkit.runtime.openvino.compile_model`).
@@ -237,9 +385,10 @@ def bench_openvino(path: str | os.PathLike, input_shape: Sequence[int] | None = 
         precision: ``fp32``, ``bf16`` or ``int8`` (``None``: the one the file records, else ``fp32``).
         warmup: untimed calls before timing each batch size.
         repeats: timed calls per batch size.
+        retries: timings taken again when one was loaded or noisy (see :func:`measured_steadily`).
 
     Returns:
-        one :class:`Latency` per batch size.
+        one :class:`Latency` per batch size, with the :class:`Conditions` it was taken in.
 
     Raises:
         OptkitError: if OpenVINO is missing, the file cannot be read or compiled, its shape is unknown, or it
@@ -258,11 +407,12 @@ def bench_openvino(path: str | os.PathLike, input_shape: Sequence[int] | None = 
         compiled = ov.compile_model(model, precision=precision, threads=threads, input_shape=run_shape)
         request, feed = compiled.create_infer_request(), ov.openvino_feed(compiled, run_shape)
         try:
-            timing = time_callable(lambda: request.infer(feed), warmup=warmup, repeats=repeats)
+            timing, conditions = _timed(lambda: request.infer(feed), threads=threads, warmup=warmup,
+                                        repeats=repeats, retries=retries)
         except Exception as e:
             raise OptkitError(f"{path} does not run in OpenVINO on input shape {','.join(map(str, run_shape))} "
                               f"({e})") from e
-        results.append(_latency("openvino", "cpu", run_shape, threads, timing, warmup, precision))
+        results.append(_latency("openvino", "cpu", run_shape, threads, timing, warmup, precision, conditions))
     return results
 
 
@@ -304,7 +454,8 @@ def compare(a: list[Latency], b: list[Latency]) -> list[dict[str, Any]]:
     Returns:
         one entry per pair: ``engine`` (``A / B`` when they differ), ``batch_size``, ``a_median_ms``,
         ``b_median_ms`` and ``speedup`` (``a / b``: above 1 means B is faster), plus ``noisy`` when the
-        difference is within either run's spread.
+        difference is within either run's spread, and ``not_a_result`` (:meth:`Conditions.flag`) when either
+        timing was taken under load or too noisy.
     """
     engines_a, engines_b = {r.engine for r in a}, {r.engine for r in b}
     across = engines_a != engines_b and len(engines_a) == len(engines_b) == 1
@@ -320,12 +471,15 @@ def compare(a: list[Latency], b: list[Latency]) -> list[dict[str, Any]]:
         engine = f"{ra.engine} / {rb.engine}" if across else ra.engine
         pairs.append({"engine": engine, "batch_size": ra.batch_size, "a_median_ms": ra.median_ms,
                       "b_median_ms": rb.median_ms, "speedup": speedup, "noisy": noisy})
+        flag = ra.flag() or rb.flag()
+        if flag:
+            pairs[-1]["not_a_result"] = flag
     return pairs
 
 
 def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_shape: Sequence[int], *,
                         threads: int = 1, warmup: int = 2, repeats: int = 20, block: int = 2,
-                        seed: int = 0) -> list[Latency]:
+                        seed: int = 0, retries: int = 0) -> list[Latency]:
     """Time several files on the same random inputs (:func:`optkit.runtime.onnxrt.onnx_feed`), in alternating
     blocks.
 
@@ -357,9 +511,12 @@ def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_s
         repeats: timed calls of each file in all (rounded up to whole blocks).
         block: timed calls per session.
         seed: seed of the random input.
+        retries: times all files are timed again when the machine was loaded or a file's spread was large
+            (see :func:`measured_steadily`).
 
     Returns:
-        one :class:`optkit.analysis.latency.Latency` per file, in order, with the runtime as its ``engine``.
+        one :class:`optkit.analysis.latency.Latency` per file, in order, with the runtime as its ``engine``,
+        each with the :class:`Conditions` of the timing (one for all files: they were timed together).
 
     Raises:
         ValueError: for ``repeats < 1``, ``block < 1`` or ``warmup < 0``.
@@ -374,8 +531,9 @@ def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_s
     block = min(block, repeats)
     targets = [as_deployment(path) for path in paths]
     openers = [_opener(target, shape, threads) for target in targets]
-    samples: list[list[float]] = [[] for _ in targets]
-    try:
+
+    def timed() -> list[dict[str, float]]:
+        samples: list[list[float]] = [[] for _ in targets]
         for _ in range(-(-repeats // block)):
             for open_session, out in zip(openers, samples):
                 call = open_session(seed)
@@ -387,12 +545,17 @@ def interleaved_latency(paths: Sequence[str | os.PathLike | Deployment], input_s
                     out.append((time.perf_counter() - start) * 1000.0)
                 del call
                 gc.collect()
+        return [summarize_ms(s) for s in samples]
+
+    try:
+        timings, conditions = measured_steadily(timed, threads=threads, retries=retries,
+                                                spreads=lambda found: [t["spread"] for t in found])
     except OptkitError:
         raise
     except Exception as e:
         raise OptkitError(f"a runtime failed to run on input shape {','.join(map(str, shape))} ({e})") from e
-    return [_latency(target.runtime, "cpu", shape, threads, summarize_ms(s), warmup, target.precision)
-            for target, s in zip(targets, samples)]
+    return [_latency(target.runtime, "cpu", shape, threads, timing, warmup, target.precision, conditions)
+            for target, timing in zip(targets, timings)]
 
 
 def _opener(target: Deployment, shape: tuple[int, ...], threads: int):

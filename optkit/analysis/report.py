@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from optkit.analysis.generation import generation_lines
+from optkit.analysis.latency import timing_flag
 from optkit.core.pipeline import PipelineRun
 
 NO_LATENCY_NOTE = (
@@ -96,8 +97,12 @@ def _notes(run: PipelineRun, report: dict[str, Any]) -> list[str]:
         notes.append(onnx_latency_note(report["onnx_latency"]))
     elif "latency" not in report and report["ratios"]["macs"] is not None and report["ratios"]["macs"] < 1:
         notes.append(NO_LATENCY_NOTE)
-    spreads = [t.get("spread", 1.0) for t in (report.get("latency") or {}).values() if isinstance(t, dict)]
-    if spreads and max(spreads) > 1.2:
+    eager = report.get("latency") or {}
+    flag = timing_flag(eager.get("before"), eager.get("after"))
+    if flag:
+        notes.append(f"PyTorch latency {flag}: re-time with `optkit bench --compare` on a quiet machine")
+    spreads = [t.get("spread", 1.0) for t in eager.values() if isinstance(t, dict)]
+    if not flag and spreads and max(spreads) > 1.2:
         notes.append(f"the latency figures are noisy (p90 / median up to {max(spreads):.2f}): other work was "
                      "competing for the machine; re-time with `optkit bench --compare` on a quiet machine")
     return notes
@@ -159,6 +164,12 @@ def onnx_latency_note(timing: dict[str, Any]) -> str:
     """One line on the realized ONNX Runtime speed-up next to the one the MACs promise, and the throughput in the
     unit of the model's kind when the timing gives what one call processes (``throughput``: a
     :class:`~optkit.kinds.Throughput` as a dict)."""
+    larger = timing.get("at_batch") or {}
+    flag = timing_flag(timing["before"], timing["after"], larger.get("before"), larger.get("after"))
+    if flag:
+        return (f"ONNX Runtime, batch 1, {timing['threads']} thread(s): {flag} ({timing['before']['median_ms']:.2f} "
+                f"-> {timing['after']['median_ms']:.2f} ms median); re-time with `optkit bench --compare` on a quiet "
+                "machine")
     line = (f"ONNX Runtime, batch 1, {timing['threads']} thread(s): {timing['before']['median_ms']:.2f} -> "
             f"{timing['after']['median_ms']:.2f} ms median, {timing['speedup']:.2f}x faster")
     if timing["ideal_speedup"]:
@@ -225,12 +236,13 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     timing = report.get("onnx_latency")
     if timing:
         b, a = timing["before"]["median_ms"], timing["after"]["median_ms"]
-        rows.append((f"ONNX Runtime ms ({timing['threads']} thr, batch 1)", f"{b:.2f}", f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
+        rows.append((f"ONNX Runtime ms ({timing['threads']} thr, batch 1)", f"{b:.2f}", f"{a:.2f}",
+                     _timed_ratio(b, a, timing["before"], timing["after"])))
         larger = timing.get("at_batch")
         if larger:
             b, a = larger["before"]["median_ms"], larger["after"]["median_ms"]
             rows.append((f"ONNX Runtime ms ({timing['threads']} thr, batch {larger['batch_size']})", f"{b:.2f}",
-                         f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
+                         f"{a:.2f}", _timed_ratio(b, a, larger["before"], larger["after"])))
     for row in (row for section in report.values() if isinstance(section, dict)
                 for row in section.get("latency_rows", ())):
         b, a = row["before_ms"], row["after_ms"]
@@ -239,13 +251,21 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         latency = report.get("latency") or {}
         if key in latency.get("before", {}) and key in latency.get("after", {}):
             b, a = latency["before"][key], latency["after"][key]
-            rows.append((label, f"{b:.2f}", f"{a:.2f}", f"{a / b:.3f}×" if b else ""))
+            rows.append((label, f"{b:.2f}", f"{a:.2f}", _timed_ratio(b, a, latency["before"], latency["after"])))
     accuracy = report.get("accuracy") or {}
     if accuracy.get("after") is not None:
         before = accuracy.get("before")
         rows.append(("Accuracy", "-" if before is None else f"{before:.2%}", f"{accuracy['after']:.2%}",
                      "" if before is None else f"{(accuracy['after'] - before) * 100:+.2f} pts"))
     return rows
+
+
+def _timed_ratio(before_ms: float, after_ms: float, *timings: dict[str, Any]) -> str:
+    """The after / before cell of a timing row: the ratio, or "not a result" when a timing was taken under load
+    or too noisy (:func:`optkit.analysis.latency.timing_flag`; the notes say which)."""
+    if timing_flag(*timings):
+        return "not a result (load)"
+    return f"{after_ms / before_ms:.3f}×" if before_ms else ""
 
 
 def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
@@ -415,4 +435,4 @@ def print_report(report: dict[str, Any], console=None) -> None:
     for line in generation_lines(report["generation"]) if report.get("generation") else ():
         console.print(f"[cyan]generation:[/cyan] {escape(line)}", highlight=False)
     for note in report["notes"]:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")

@@ -20,6 +20,16 @@ def int8_options(flags: dict, switch_help: str) -> list:
     return [switch, *(setting_option(flag, help_prefix="INT8: ") for flag in flags.values())]
 
 
+def wrote_line(report: dict, out_dir) -> str:
+    """The ``Wrote ... to OUT`` line of a run: its result files, recipe and report, the channels plot when drawn,
+    and the fine-tune checkpoints (written as training goes, for ``--resume``, not with the results)."""
+    from pathlib import Path
+
+    plot = ", channels.png" if report.get("layers") else ""
+    checkpoints = "".join(f", {path.name}" for path in sorted(Path(out_dir).glob("finetune*.ckpt")))
+    return f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot}{checkpoints} to {out_dir}"
+
+
 def show_epoch_lines() -> None:
     """Print each epoch's summary on stderr when there is no progress bar (not a terminal, other ranks)."""
     import logging

@@ -120,7 +120,8 @@ def _engines(spec: str, options: dict[str, Any]) -> tuple[str, ...]:
 def _time(spec: str, loaded: Any, shape: tuple[int, ...] | None, options: dict[str, Any]):
     from optkit.analysis import latency as bench
 
-    timing = {k: options[k] for k in ("threads", "warmup", "repeats")}
+    # A timing taken on a loaded machine (or too noisy) is taken again once; if still so, its row is flagged.
+    timing = {**{k: options[k] for k in ("threads", "warmup", "repeats")}, "retries": 1}
     batch_sizes = list(options["batch_sizes"]) or None
     results = []
     for engine in _engines(spec, options):
@@ -170,11 +171,16 @@ def _print(runs: dict[str, list], specs: list[str], pairs: list[dict[str, Any]] 
             table.add_row(spec, f"{r.engine} ({where})", threads, "×".join(map(str, r.input_shape)),
                           f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.spread:.2f}", f"{r.throughput:,.1f}")
     console.print(table)
-    if any(r.spread > 1.2 for results in runs.values() for r in results):
+    flagged = [(spec, r) for spec in specs for r in runs[spec] if r.flag()]
+    for spec, r in flagged:
+        console.print(f"note: {spec} ({r.engine}, batch {r.batch_size}): {r.flag()}", markup=False, highlight=False)
+    if not flagged and any(r.spread > 1.2 for results in runs.values() for r in results):
         console.print("note: p90 is over 20% above the median for some rows; the machine was noisy, "
                       "so repeat (more --repeats, fewer other jobs) before trusting small differences.")
     for pair in pairs or []:
         verdict = "within the noise" if pair["noisy"] else ("B is faster" if pair["speedup"] > 1 else "A is faster")
+        if pair.get("not_a_result"):
+            verdict = f"not a result: {pair['not_a_result']}"
         console.print(f"{pair['engine']} batch {pair['batch_size']}: A / B = {pair['speedup']:.2f} "
                       f"({pair['a_median_ms']:.2f} ms vs {pair['b_median_ms']:.2f} ms; {verdict})")
     if pairs == []:

@@ -89,8 +89,7 @@ def export_command(model: str, onnx_path: str, input_shape, num_classes, arch, t
         for path in dict.fromkeys(step.model.path for step in steps) if scorer is not None else ():
             scorer.score_onnx(path.name, path)
     result = steps[0].details
-    checks = ", ".join(f"batch {v['batch_size']}: max |diff| {v['max_abs_diff']:.2g} <= {v['tolerance']:.2g}"
-                       for v in result["verification"])
+    checks = workflow.verification_text(result["verification"], ", ")
     click.echo(f"Wrote {target} ({result['file_size']:,} bytes, {result['compressed_size']:,} gzipped) "
                f"with the {result['exporter']} exporter, opset {result['opset']}")
     click.echo(f"Verified with ONNX Runtime: {checks}")

@@ -14,7 +14,7 @@ import click
 
 from optkit.cli import generated
 from optkit.cli._options import eval_options, eval_settings, model_options
-from optkit.cli._run import builtin_classes, data_input_shape, show_epoch_lines
+from optkit.cli._run import builtin_classes, data_input_shape, show_epoch_lines, wrote_line
 from optkit.core.settings import SHARED_SETTINGS
 
 _FINETUNE = builtin_classes()["finetune"]
@@ -79,4 +79,4 @@ def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, t
         details = report["passes"][-1].get("details", {})
         if details.get("val_accuracy") is not None:
             click.echo(f"Best validation accuracy {details['val_accuracy']:.2%} (epoch {details['best_epoch']})")
-        click.echo(f"Wrote {', '.join(workflow.OUTPUT_FILES)} to {out_dir}")
+        click.echo(wrote_line(report, out_dir))

@@ -10,7 +10,6 @@ so the recipe reads prune, fine-tune, export, int8.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -81,11 +80,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
                                    evaluation=evaluation, resume=bool(flags.get("resume")))
     if is_main_process():
         print_report(report, Console())
-        plot = ", channels.png" if report.get("layers") else ""
-        # Fine-tune checkpoints are written as training goes (for --resume), not with the results.
-        checkpoints = "".join(f", {path.name}" for path in sorted(Path(out_dir).glob("finetune*.ckpt")))
-        click.echo(f"Wrote {', '.join(report['files'])}, recipe.toml, report.json, report.md{plot}{checkpoints} "
-                   f"to {out_dir}")
+        click.echo(_run.wrote_line(report, out_dir))
 
 
 def _pipeline(recipe_path: str | None, input_shape, flags: dict[str, Any], generic: tuple[str, ...]):

@@ -32,7 +32,7 @@ from torch import nn
 from optkit.core.errors import ModelLoadError
 from optkit.io import confirmed
 from optkit.io.architectures import ArchSpec, arch_spec, torchvision_names
-from optkit.io.weights import describe_mismatch, read_checkpoint, read_safetensors, short_error
+from optkit.io.weights import describe_mismatch, mark_random_weights, read_checkpoint, read_safetensors, short_error
 from optkit.kinds.image import input_channels
 
 __all__ = ["BUILDER_PREFIXES", "ArchSpec", "LoadedModel", "arch_spec", "describe_mismatch", "infer_input_shape",
@@ -114,7 +114,8 @@ def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None,
         if arch is not None:
             raise ModelLoadError(f"--arch is only for state_dict files; {text} already names the architecture")
         architecture = arch_spec(text, num_classes)
-        return LoadedModel(architecture.build(), architecture, text)
+        model = mark_random_weights(architecture.build(), f"{text} has random weights (nothing is downloaded)")
+        return LoadedModel(model, architecture, text)
 
     obj = read_checkpoint(text, trust=trust)
     from optkit.io import checkpoint

@@ -13,8 +13,8 @@ import torch
 
 from optkit.core.errors import ModelLoadError, UntrustedPickleError
 
-__all__ = ["TRUST_HINT", "ZIP_EXPANSION_SLACK", "describe_mismatch", "read_checkpoint", "read_safetensors",
-           "short_error"]
+__all__ = ["TRUST_HINT", "ZIP_EXPANSION_SLACK", "describe_mismatch", "mark_random_weights", "random_weights",
+           "read_checkpoint", "read_safetensors", "short_error"]
 
 #: How much a zip checkpoint's members may expand beyond the file's own size.
 #: ``torch.save`` stores members uncompressed, so a real checkpoint never
@@ -28,6 +28,19 @@ TRUST_HINT = (
     "it contains pickled Python objects, and unpickling can run arbitrary code; "
     "pass --trust (trust=True) only if you trust where the file came from"
 )
+#: Where a model built without weights (``torchvision:NAME``, ``timm:NAME``) keeps why its weights are random.
+RANDOM_WEIGHTS_ATTRIBUTE = "_optkit_random_weights"
+
+
+def mark_random_weights(model: torch.nn.Module, why: str) -> torch.nn.Module:
+    """Record on ``model`` that its weights are random, and why (kept by copies and in-place passes); returns it."""
+    model.__dict__[RANDOM_WEIGHTS_ATTRIBUTE] = why
+    return model
+
+
+def random_weights(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s weights are random (see :func:`mark_random_weights`), or ``None`` when they were loaded."""
+    return model.__dict__.get(RANDOM_WEIGHTS_ATTRIBUTE)
 
 
 def read_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:

@@ -2,7 +2,7 @@
 
 Writing IR (NNCF's INT8, saving, publishing) is :mod:`optkit.export.openvino`.
 
-OpenVINO is an optional extra (``pip install 'optkit[openvino]'``, which also
+OpenVINO is an optional extra (``pip install -e '.[openvino]'`` in an optkit checkout, which also
 installs NNCF for INT8). The precisions:
 
 * ``fp32``: the CPU plugin computes in f32 (``INFERENCE_PRECISION_HINT`` set to
@@ -34,8 +34,10 @@ from typing import Any
 from optkit.core.errors import ExportError, first_line
 
 PRECISIONS = ("fp32", "bf16", "int8")
-INSTALL = "pip install 'optkit[openvino]'"
-MISSING_NOTE = (f"OpenVINO is not installed: `{INSTALL}` adds OpenVINO fp32, bf16 and INT8 deployments (--openvino, "
+#: How to add OpenVINO: optkit is installed from its checkout (``make setup``), so the extra is an editable install.
+INSTALL = "pip install -e '.[openvino]'"
+MISSING_NOTE = (f"OpenVINO is not installed: `{INSTALL}` (in the optkit checkout) adds OpenVINO fp32, bf16 and "
+                "INT8 deployments (--openvino, "
                 "and more candidates for --deploy), often faster than ONNX Runtime on Intel and AMD CPUs")
 #: Where the IR records the precision it was verified at.
 RT_PRECISION = ["optkit", "precision"]

@@ -168,14 +168,17 @@ CHANCE_CHECK_SAMPLES = 512
 
 
 def _chance_warning(model: nn.Module, val_set, num_classes: int, spec: str) -> str | None:
-    """Say so, before training, when the model scores near chance on the data (a mismatch, or untrained weights)."""
+    """Say so, before training, when the model scores near chance on the data (a mismatch, or untrained weights):
+    a warning, or a plain note for a model whose weights are random by design (``torchvision:NAME``)."""
     import logging
 
     from optkit.analysis.accuracy import chance_warning, top1_accuracy
+    from optkit.io.weights import random_weights
 
     accuracy = top1_accuracy(model, val_set, max_samples=CHANCE_CHECK_SAMPLES)
-    warning = chance_warning(accuracy, num_classes, spec, what="the model before fine-tuning")
-    if warning:
+    random = random_weights(model)
+    warning = chance_warning(accuracy, num_classes, spec, what="the model before fine-tuning", random_weights=random)
+    if warning and not random:
         warning += " (expected only when its weights are untrained)"
         logging.getLogger(__name__).warning("warning: %s", warning)
     return warning

@@ -75,9 +75,9 @@ def test_without_openvino_the_report_says_in_one_line_what_it_would_add(weights,
     result = _optimize("--export", "onnx", "--out", tmp_path)
     assert result.exit_code == 0, result.output
     notes = json.loads((tmp_path / "report.json").read_text())["notes"]
-    assert notes.count(ov.MISSING_NOTE) == 1 and "pip install 'optkit[openvino]'" in ov.MISSING_NOTE
+    assert notes.count(ov.MISSING_NOTE) == 1 and "pip install -e '.[openvino]'" in ov.MISSING_NOTE
     failed = _export(weights, "--arch", ARCH, "--onnx", tmp_path / "again.onnx", "--openvino", "fp32")
-    assert failed.exit_code == 1 and "OpenVINO is not installed (pip install 'optkit[openvino]')" in failed.output
+    assert failed.exit_code == 1 and "OpenVINO is not installed (pip install -e '.[openvino]')" in failed.output
     assert not (tmp_path / "again.onnx").exists()
 
 
