@@ -198,6 +198,7 @@ class StructuredPrune(Pass):
 
         result = reach(self.target(model), self.spec(), model)
         _refuse_if_nothing_removed(result.details)
+        _lead_with_a_miss(result.details)
         return result
 
     def target(self, model: nn.Module, sensitivity: Sensitivity | None = None) -> Any:
@@ -314,6 +315,21 @@ def _refuse_if_nothing_removed(details: dict[str, Any]) -> None:
     why = "; ".join(str(note).removeprefix("structured_prune ") for note in details.get("notes", ())[:2])
     raise OptkitError(f"structured_prune removed nothing: asked {details.get('target', 'size')} {asked:g} of the "
                       f"original, achieved {achieved:.3f}" + (f" ({why})" if why else ""))
+
+
+def _lead_with_a_miss(details: dict[str, Any]) -> None:
+    """Put the note on a target missed by more than the report's tolerance first, so the report leads with it."""
+    from optkit.passes.prune.targets.ratio import REPORT_TOLERANCE
+
+    asked, achieved = details.get("target_fraction"), details.get("achieved_fraction")
+    if asked is None or achieved is None or abs(achieved - asked) <= REPORT_TOLERANCE:
+        return
+    notes = details.setdefault("notes", [])
+    missed = [note for note in notes if "achieved" in str(note) and f"{asked:g}" in str(note)]
+    if not missed:
+        missed = [f"structured_prune: asked {details.get('target', 'size')} {asked:g} of the original, achieved "
+                  f"{achieved:.3f}"]
+    notes[:] = missed[:1] + [note for note in notes if note not in missed[:1]]
 
 
 def skipped_layers(model: nn.Module, input_shape: Iterable[int] = DEFAULT_INPUT_SHAPE, *,

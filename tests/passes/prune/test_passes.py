@@ -407,3 +407,16 @@ def test_a_target_that_removes_nothing_is_an_error_naming_the_target():
     with pytest.raises(OptkitError, match=r"removed nothing: asked params 0.8 of the original, achieved 1.000"):
         prune(model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_missed_target_is_the_first_note():
+    from optkit.passes.prune.passes import _lead_with_a_miss
+
+    details = {"target": "params", "target_fraction": 0.8, "achieved_fraction": 0.85,
+               "notes": ["structured_prune refitted 4 layer(s)", "something else"]}
+    _lead_with_a_miss(details)
+    assert details["notes"][0] == "structured_prune: asked params 0.8 of the original, achieved 0.850"
+    assert details["notes"][1:] == ["structured_prune refitted 4 layer(s)", "something else"]
+    within = {"target": "params", "target_fraction": 0.8, "achieved_fraction": 0.81, "notes": ["a", "b"]}
+    _lead_with_a_miss(within)
+    assert within["notes"] == ["a", "b"]
