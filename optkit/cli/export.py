@@ -134,7 +134,8 @@ def _int8_lines(section: dict) -> str:
     lines += [f"note: {note}" for note in section["notes"]]
     lines += [f"ONNX Runtime, batch {run['batch_size']}, {run['threads']} thread(s): FP32 "
               f"{run['fp32']['median_ms']:.2f} ms, INT8 {run['int8']['median_ms']:.2f} ms "
-              f"({run['speedup']:.2f}x{', noisy' if run['noisy'] else ''})" for run in section["latency"]["runs"]]
+              + (f"({run['not_a_result']})" if run.get("not_a_result") else
+                 f"({run['speedup']:.2f}x{', noisy' if run['noisy'] else ''})") for run in section["latency"]["runs"]]
     return "\n".join(lines)
 
 

@@ -138,3 +138,17 @@ def test_bench_cli_flags_timings_under_load(machine, tmp_path):
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "not a result" in " ".join(result.output.split())
+
+
+def test_the_int8_timing_note_flags_a_timing_under_load(monkeypatch):
+    from optkit.passes.quantize import latency as int8_latency
+
+    loaded = Conditions(BUSY, BUSY, 2, (1.05, 1.05), 2)
+
+    def fake(paths, shape, **_):
+        return [latency.Latency("onnxruntime", "cpu", shape[0], tuple(shape), 2, ms, ms, ms, ms, 1.0, 20, 3, 1.0,
+                                conditions=loaded) for ms in (2.0, 1.0)]
+
+    monkeypatch.setattr(int8_latency, "interleaved_latency", fake)
+    (run,) = int8_latency.compare_latency("a.onnx", "b.onnx", (1, 3, 8, 8), threads=(2,))["runs"]
+    assert run["not_a_result"] == UNDER_LOAD

@@ -97,8 +97,10 @@ def quantize_exported(fp32_path: str | os.PathLike, int8_path: str | os.PathLike
     check = f"agreement {result['agreement']:.1%} with FP32"
     if result.get("accuracy_int8") is not None:
         check += f", accuracy {result['accuracy_fp32']:.2%} -> {result['accuracy_int8']:.2%}"
-    timing = "; ".join(f"batch {r['batch_size']}, {r['threads']} thread(s): {r['fp32']['median_ms']:.2f} -> "
-                       f"{r['int8']['median_ms']:.2f} ms" for r in result["latency"]["runs"])
+    timing = "; ".join(f"batch {r['batch_size']}, {r['threads']} thread(s): "
+                       + (f"{r['not_a_result']} (" if r.get("not_a_result") else "")
+                       + f"{r['fp32']['median_ms']:.2f} -> {r['int8']['median_ms']:.2f} ms"
+                       + (")" if r.get("not_a_result") else "") for r in result["latency"]["runs"])
     result["notes"] = [f"{Path(int8_path).name}: {result['mode']} INT8, {result['fp32_size']:,} -> "
                        f"{result['int8_size']:,} bytes, {check}; ONNX Runtime {timing}", *result["notes"]]
     return result
