@@ -226,7 +226,7 @@ class StructuredPrune(Pass):
             measured, fraction = ("macs", self.target_macs) if self.target_macs is not None else ("params",
                                                                                                 self.target_params)
             return targets.MixTarget(fraction, self.target_tolerance, 8 if self.round_to == "auto" else self.round_to,
-                                     measured)
+                                     measured, measured_by_default=self.allocation == "auto")
         if self.allocation == "sensitivity":
             if self.target_macs is None:
                 raise ValueError("allocation 'sensitivity' of channels needs target_macs (the MACs fraction to reach)")

@@ -322,7 +322,8 @@ def parse_first(model: nn.Module, blocks: nn.ModuleList, captured: Captured, dev
     return _parse(copy_of_first, f"{path}.0", captured, device, model.config)
 
 
-def _parse(module: nn.Module, path: str, captured: Captured, device: torch.device, config: Any) -> Block:
+def _parse(module: nn.Module, path: str, captured: Captured, device: torch.device, config: Any,
+           like: Block | None = None) -> Block:
     hidden, heads = config_int(config, HIDDEN_FIELDS), config_int(config, HEAD_FIELDS)
     kv = config_int(config, KV_FIELDS) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
@@ -341,17 +342,18 @@ def _parse(module: nn.Module, path: str, captured: Captured, device: torch.devic
     finally:
         for handle in handles:
             handle.remove()
-    parse_block(block, calls, hidden, heads, kv, head_dim)
+    parse_block(block, calls, hidden, heads, kv, head_dim, like=like)
     return block
 
 
 def visit(module: nn.Module, path: str, captured: Captured, device: torch.device, config: Any,
            structure: Block) -> Block:
-    """Move ``module`` to ``device`` in fp32 and parse it; it must have the first block's units."""
+    """Move ``module`` to ``device`` in fp32 and parse it like the first block (``structure``: its layouts are
+    taken, not checked again); it must have the first block's units."""
     home = next(module.parameters())
     module._optkit_home = (home.device, home.dtype)
     module.to(device=device, dtype=torch.float32)
-    block = _parse(module, path, captured, device, config)
+    block = _parse(module, path, captured, device, config, like=structure)
     if (len(block.attentions), len(block.mlps)) != (len(structure.attentions), len(structure.mlps)) or block.experts:
         leave(block)
         raise OptkitError(f"{path} has {len(block.attentions)} attention and {len(block.mlps)} MLP units where the "
@@ -470,7 +472,9 @@ def refit_layer(layer: Layer, weight: torch.Tensor, kept: torch.Tensor, gram: to
     kept_gram = gram[kept][:, kept]
     damped = kept_gram + torch.eye(len(kept), dtype=gram.dtype, device=gram.device) * DAMPING * \
         kept_gram.diagonal().mean().clamp_min(1e-12)
-    solved = torch.linalg.solve(damped, gram[kept] @ full.t()).t()
+    factor, info = torch.linalg.cholesky_ex(damped)
+    rhs = gram[kept] @ full.t()
+    solved = (torch.cholesky_solve(rhs, factor) if int(info) == 0 else torch.linalg.solve(damped, rhs)).t()
     target = layer.module.weight
     with torch.no_grad():
         target.copy_((solved if layer.out_axis == 0 else solved.t()).to(target.dtype))

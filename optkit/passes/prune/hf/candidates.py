@@ -29,13 +29,20 @@ __all__ = ["score_plans", "val_rows"]
 
 #: Bytes of logits computed at once when scoring (batch x length x vocabulary x 4).
 LOGIT_BYTES = 256 * 2**20
+#: The fewest validation rows a comparison of plans is made on.
+MIN_ROWS = 8
 
 
 def val_rows(model: nn.Module, structure: Block, calibration: Sequence[dict[str, Any]], plans: int, rows: int,
-             budget_s: float, device: torch.device) -> int:
+             budget_s: float, device: torch.device) -> tuple[int | None, float]:
     """How many validation rows (of the calibration rows' length) scoring ``plans`` plans can use within
-    ``budget_s`` seconds: the first block's fp32 forward is timed on one calibration batch, and each plan costs
-    one such forward per row and block, plus its refits. At least one row, at most ``rows``."""
+    ``budget_s`` seconds, and the estimated seconds at that count.
+
+    The first block's fp32 forward is timed on one calibration batch; per block, the scoring runs the
+    calibration rows twice (the forward and the Gram matrices cost about the same), and for each plan one refit
+    and one forward per validation row. ``(None, estimate at MIN_ROWS)`` when even :data:`MIN_ROWS` rows do not
+    fit; otherwise at most ``rows``.
+    """
     first = calibration[0]
     batch = next(iter(first.values())).shape[0]
     blocks = blockwise.chained_blocks(model)
@@ -49,16 +56,26 @@ def val_rows(model: nn.Module, structure: Block, calibration: Sequence[dict[str,
         per_row = (time.perf_counter() - start) / batch
     widths = [mlp.width for mlp in structure.mlps]
     solve_s = _solve_seconds(max(widths), device) if widths else 0.0
-    fixed = len(blocks) * plans * solve_s * len(widths)
-    affordable = (budget_s - fixed) / max(per_row * len(blocks) * plans, 1e-9)
-    return max(1, min(rows, int(affordable)))
+    calibration_rows = sum(len(next(iter(b.values()))) for b in calibration)
+    fixed = len(blocks) * (2 * calibration_rows * per_row + plans * solve_s * (len(widths) + 1))
+    per_val_row = per_row * len(blocks) * plans
+
+    def estimate(count: int) -> float:
+        return fixed + count * per_val_row
+
+    affordable = int((budget_s - fixed) / max(per_val_row, 1e-9))
+    if affordable < MIN_ROWS:
+        return None, estimate(MIN_ROWS)
+    count = min(rows, affordable)
+    return count, estimate(count)
 
 
 def _solve_seconds(width: int, device: torch.device) -> float:
+    """Seconds one refit's least-squares solve of ``width`` inputs takes, from a smaller one timed here."""
     size = min(width, 1024)
     gram = torch.eye(size, dtype=torch.float64, device=device) * 2 + 1
     start = time.perf_counter()
-    torch.linalg.solve(gram, gram[:, :64])
+    torch.cholesky_solve(gram[:, :64], torch.linalg.cholesky(gram))
     return (time.perf_counter() - start) * (width / size) ** 3
 
 

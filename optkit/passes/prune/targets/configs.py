@@ -84,12 +84,15 @@ class SensitivityTarget(FractionTarget):
 class MixTarget:
     """Keep ``fraction`` of a transformer's parameters or MACs (``measured``) within ``tolerance``, MLP widths in
     multiples of ``round_to``, the cut split between attention heads and MLP channels by validation perplexity
-    on the pass's text data (:mod:`optkit.passes.prune.targets.mix`)."""
+    on the pass's text data (:mod:`optkit.passes.prune.targets.mix`). ``measured_by_default``: the split was not
+    asked for (the default allocation chose it), so a model too large to measure within the time budget is cut
+    uniformly instead."""
 
     fraction: float
     tolerance: float
     round_to: int
     measured: str = "params"
+    measured_by_default: bool = False
 
     def __post_init__(self) -> None:
         if self.measured not in ("params", "macs"):

@@ -132,7 +132,7 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
     blocks (:func:`~optkit.passes.prune.hf.candidates.score_plans`), the best cut in place."""
     import torch
 
-    from optkit.passes.prune.hf.candidates import score_plans, val_rows
+    from optkit.passes.prune.hf.candidates import MIN_ROWS, score_plans, val_rows
     from optkit.passes.prune.hf.entry import calibration_text, compute_device, prune_planned
 
     plans = mix_plans(model, structure, target)
@@ -144,7 +144,10 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
     device = compute_device(model, spec)
     inputs = val.model_inputs()
     ids, mask = inputs.kwargs["input_ids"], inputs.kwargs["attention_mask"]
-    rows = val_rows(model, structure, calibration, len(plans), len(ids), SCORE_BUDGET_S, device)
+    rows, estimate = val_rows(model, structure, calibration, len(plans), len(ids), SCORE_BUDGET_S, device)
+    if rows is None and target.measured_by_default:
+        return _uniform_instead(target, spec, model, estimate)
+    rows = rows or MIN_ROWS
     with torch.no_grad():
         perplexities = score_plans(model, structure, [plan for plan, _ in plans], calibration,
                                    {"input_ids": ids[:rows], "attention_mask": mask[:rows]}, val.targets[:rows],
@@ -193,3 +196,18 @@ def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple
         if fitted is not None and abs(fitted[1] - target.fraction) <= tolerance:
             plans.append(fitted)
     return plans
+
+
+def _uniform_instead(target: MixTarget, spec: PruneSpec, model: nn.Module, estimate: float) -> PassResult:
+    """The default allocation on a model too large to score its plans within :data:`SCORE_BUDGET_S`: the uniform
+    cut, with a note saying why and how to measure anyway."""
+    from optkit.passes.prune.targets.configs import MacsTarget, ParamsTarget
+    from optkit.passes.prune.targets.ratio import search as uniform_search
+
+    kind = MacsTarget if target.measured == "macs" else ParamsTarget
+    result = uniform_search(kind(target.fraction, target.tolerance, target.round_to), spec, model)
+    result.details.setdefault("notes", []).insert(0, (
+        f"structured_prune cut heads and MLP channels by the same share: measuring the split (the default for a "
+        f"language model) would take about {estimate:.0f} s on this machine, over its budget of "
+        f"{SCORE_BUDGET_S:.0f} s; --allocation sensitivity measures it anyway"))
+    return result

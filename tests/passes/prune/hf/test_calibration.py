@@ -140,20 +140,24 @@ def test_a_parameter_target_split_between_heads_and_mlp_keeps_the_mix_with_the_l
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(f"Line {i}: the function returns a list of {i % 9} values." for i in range(1500)))
     params_before = sum(p.numel() for p in model.parameters())
-    result = StructuredPrune(target_params=0.9, allocation="sensitivity", data=f"text:{text}",
-                             input_shape=(1, 32)).apply(copy.deepcopy(model))
+    # Statistics on the unpruned activations: the kept model is then exactly the one its candidate scored.
+    result = StructuredPrune(target_params=0.9, allocation="sensitivity", data=f"text:{text}", input_shape=(1, 32),
+                             block_inputs="unpruned").apply(copy.deepcopy(model))
 
     candidates = result.details["candidates"]
-    assert len(candidates) >= 2 and len({(c["heads"], c["intermediate"]) for c in candidates}) == len(candidates)
-    reaching = [c for c in candidates if abs(c["achieved_fraction"] - 0.9) <= 0.02]
-    chosen = min(reaching, key=lambda c: c["val_loss"])
+    assert len(candidates) >= 2
+    assert len({(c["heads"], c["kv_heads"], *c["intermediate"]) for c in candidates}) == len(candidates)
+    assert all(abs(c["planned_fraction"] - 0.9) <= 0.02 for c in candidates)
+    chosen = min(candidates, key=lambda c: c["val_loss"])
     assert result.details["val_measure"] == "perplexity"
     pruned = result.model
-    assert (pruned.config.num_attention_heads, pruned.config.intermediate_size) == (chosen["heads"],
-                                                                                  chosen["intermediate"])
+    assert (pruned.config.num_attention_heads, pruned.config.num_key_value_heads, pruned.config.intermediate_size) == \
+        (chosen["heads"], chosen["kv_heads"], chosen["intermediate"][0])
     assert sum(p.numel() for p in pruned.parameters()) / params_before == pytest.approx(0.9, abs=0.02)
-    # The recorded figure is the kind's perplexity on the first val blocks, recomputed here on the kept model.
-    val = load_eval_set(EvalSettings(data=f"text:{text}", samples=VAL_BLOCKS), model, (1, 32), split="val")
+    # The recorded figure is the kind's perplexity on the first val rows it scored, recomputed here on the kept model.
+    rows = result.details["val_rows"]
+    assert 1 <= rows <= VAL_BLOCKS
+    val = load_eval_set(EvalSettings(data=f"text:{text}", samples=rows), model, (1, 32), split="val")
     assert score(torch_logits(pruned, val), val)["perplexity"] == pytest.approx(chosen["val_loss"], rel=1e-3)
 
 
@@ -172,3 +176,21 @@ def test_finetune_on_text_trains_a_causal_lm_on_the_next_token(tmp_path):
     assert after < 0.5 * before  # random weights start near the vocabulary size; the repeated text is easy
     history = result.details["history"]
     assert len(history) == 1 and history[0]["val_accuracy"] > 0.2
+
+
+def test_the_default_split_over_its_time_budget_cuts_uniformly_and_says_why(tmp_path, monkeypatch):
+    from optkit.passes.prune.hf.candidates import MIN_ROWS
+    from optkit.passes.prune.targets import mix
+
+    model = _llama_with_the_shipped_tokenizer(tmp_path / "lm")
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(f"Line {i}: the function returns a list of {i % 9} values." for i in range(1500)))
+    monkeypatch.setattr(mix, "SCORE_BUDGET_S", 0.0)
+    by_default = StructuredPrune(target_params=0.9, data=f"text:{text}", input_shape=(1, 32)).apply(copy.deepcopy(model))
+    assert "candidates" not in by_default.details
+    assert by_default.details["notes"][0].startswith("structured_prune cut heads and MLP channels by the same share: "
+                                                     "measuring the split")
+    assert "over its budget of 0 s" in by_default.details["notes"][0]
+    asked = StructuredPrune(target_params=0.9, data=f"text:{text}", input_shape=(1, 32),
+                            allocation="sensitivity").apply(copy.deepcopy(model))
+    assert asked.details["val_rows"] == MIN_ROWS  # asked for: measured anyway, on the fewest rows
