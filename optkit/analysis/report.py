@@ -293,6 +293,7 @@ def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
             lines += [f"- {name}: `{layer}`: {reason}" for layer, reason in layers.items()]
     lines += _evaluation_lines(report.get("evaluation"))
     lines += _export_lines(report.get("export"))
+    lines += deploy_lines(report.get("deploy"))
     if report.get("generation"):
         lines += ["", "## Generation", ""] + [f"- {line}" for line in generation_lines(report["generation"])]
     if report["files"]:
@@ -376,6 +377,53 @@ def _export_lines(export: dict[str, Any] | None) -> list[str]:
                   "| batch | max abs diff | tolerance | passed |", "|---:|---:|---:|---|"]
         lines += [f"| {c['batch_size']} | {c['max_abs_diff']:.3g} | {c['tolerance']:.3g} | {'yes' if c['passed'] else 'no'} |"
                   for c in checks]
+    return lines
+
+
+def deploy_lines(deploy: dict[str, Any] | None) -> list[str]:
+    """The ``deploy`` section: the rule, then every candidate with its check, its speed and why it was not chosen."""
+    if not deploy:
+        return []
+    tokens = deploy.get("timed_as") in ("decode", "prefill")
+    lines = ["", "## Deployment", "", f"{deploy['notes'][0]}.", "",
+             f"Every candidate passed its check or is listed with why not; those that passed were timed with the "
+             f"unpruned ONNX Runtime FP32 file at {deploy['threads']} thread(s). Going down the list (simplest "
+             f"first), a candidate replaces the one kept so far only when it measures at least "
+             f"{deploy.get('min_gain', 0):.0%} faster"
+             + (f" per decode step (batch {deploy['batch_size']}, a KV cache after "
+                f"{deploy.get('decode_prompt_tokens')} prompt tokens)." if deploy.get("timed_as") == "decode" else
+                f", at batch {deploy['batch_size']}.")]
+    limits = deploy.get("perplexity_limits")
+    if limits:
+        words = {"fp32": "FP32", "bf16": "bf16", "int8": "INT8", "w8": "weight-only INT8", "w4": "weight-only INT4"}
+        lines += ["", "Validation perplexity limits (× the FP32 ONNX file's): "
+                  + ", ".join(f"{words[k]} {v:g}×" for k, v in limits.items()) + "."]
+    if tokens:
+        lines += ["", "| candidate | status | perplexity × FP32 (limit) | decode graph × FP32 | prefill tokens/s | "
+                  "decode tokens/s | speed-up | bytes | why not chosen |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    else:
+        lines += ["", "| candidate | status | agreement | accuracy | ms | speed-up | bytes | why not chosen |",
+                  "|---|---|---:|---:|---:|---:|---:|---|"]
+    for c in deploy["candidates"]:
+        check, latency = c.get("check") or {}, c.get("latency") or {}
+        speed = "–" if c.get("speedup") is None else f"{c['speedup']:.2f}×"
+        size = "–" if check.get("file_size") is None else f"{check['file_size']:,}"
+        reason = (c.get("reason") or "").replace("|", "/")
+        if tokens:
+            ratio = check.get("perplexity_ratio")
+            decode_ratio = (check.get("decode") or {}).get("perplexity_ratio")
+            prefill = (c.get("prefill") or {}).get("tokens_per_s")
+            decode = latency.get("tokens_per_s") if deploy["timed_as"] == "decode" else None
+            cells = [f"{ratio:.4f} ({check['limit']:g})" if ratio is not None else "–",
+                     "–" if decode_ratio is None else f"{decode_ratio:.4f}",
+                     "–" if prefill is None else f"{prefill:,.0f}", "–" if decode is None else f"{decode:,.0f}"]
+        else:
+            agreement, accuracy = check.get("agreement"), check.get("accuracy")
+            cells = ["–" if agreement is None else f"{agreement:.1%}",
+                     "–" if accuracy is None else f"{accuracy:.2%}",
+                     "–" if not latency else f"{latency['median_ms']:.2f}"]
+        lines.append(f"| {c['name']} | {c['status']} | {' | '.join(cells)} | {speed} | {size} | {reason} |")
     return lines
 
 

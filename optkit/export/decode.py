@@ -220,9 +220,13 @@ def _verify(step: nn.Module, path: Path, model: nn.Module, shapes: list[tuple[in
 
 
 def session(path: str | os.PathLike, threads: int | None = None, *, spinning: bool = False):
-    """An ONNX Runtime CPU session of a decode graph (every core unless ``threads``)."""
+    """An ONNX Runtime CPU session of a decode graph (every core unless ``threads``); for an OpenVINO IR
+    (``.xml``), an :class:`optkit.runtime.openvino.Session` at the precision it records, called the same way."""
+    from optkit.runtime import openvino as ov
     from optkit.runtime.onnxrt import onnx_session
 
+    if Path(path).suffix == ".xml":
+        return ov.session(path, threads or os.cpu_count() or 1)
     return onnx_session(path, threads or os.cpu_count() or 1, spinning=spinning)
 
 
@@ -243,29 +247,29 @@ def generate_onnx(path: str | os.PathLike, prompt: list[int], tokens: int, *, th
     return ids
 
 
-def _empty_cache(sess) -> list[np.ndarray]:
+def _empty_cache(sess, batch: int = 1) -> list[np.ndarray]:
     import numpy as np
 
     past = [i for i in sess.get_inputs() if i.name.startswith("past.")]
-    return [np.zeros((1, i.shape[1], 0, i.shape[3]), dtype=np.float32) for i in past]
+    return [np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=np.float32) for i in past]
 
 
-def _generate(sess, prompt: list[int], tokens: int, *, timed: bool) -> tuple[list[int], list[float]]:
-    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step."""
+def _generate(sess, prompt: list[int], tokens: int, *, timed: bool, batch: int = 1) -> tuple[list[int], list[float]]:
+    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step; ``batch`` rows of
+    the same prompt decode together (the first row's ids are returned)."""
     import numpy as np
 
-    ids = np.asarray([prompt], dtype=np.int64)
-    cache = _empty_cache(sess)
+    ids = np.asarray([prompt] * batch, dtype=np.int64)
+    cache = _empty_cache(sess, batch)
     out = sess.run(None, _feed_arrays(ids, np.ones_like(ids), cache))
     generated, times = [], []
     total = ids.shape[1]
     for _ in range(tokens):
-        next_id = int(out[0][0, -1].argmax())
-        generated.append(next_id)
+        next_ids = out[0][:, -1].argmax(-1).astype(np.int64).reshape(batch, 1)
+        generated.append(int(next_ids[0, 0]))
         total += 1
-        step_ids = np.asarray([[next_id]], dtype=np.int64)
         begin = time.perf_counter()
-        out = sess.run(None, _feed_arrays(step_ids, np.ones((1, total), dtype=np.int64), out[1:]))
+        out = sess.run(None, _feed_arrays(next_ids, np.ones((batch, total), dtype=np.int64), out[1:]))
         if timed:
             times.append((time.perf_counter() - begin) * 1e3)
     return generated, times
@@ -277,15 +281,17 @@ def _feed_arrays(ids, mask, cache) -> dict[str, np.ndarray]:
 
 def onnx_decode_speed(paths: list[str | os.PathLike], *, prompt_tokens: int = PROMPT_TOKENS,
                       steps: int = DECODE_STEPS, rounds: int = 5, threads: int | None = None,
-                      seed: int = 0) -> list[dict[str, Any]]:
-    """Decode speed of several decode graphs at batch 1 in ONNX Runtime, timed in alternating rounds.
+                      seed: int = 0, batch: int = 1) -> list[dict[str, Any]]:
+    """Decode speed of several decode graphs at batch 1 (or ``batch`` rows at once) in ONNX Runtime (an
+    OpenVINO IR in OpenVINO, see :func:`session`), timed in alternating rounds.
 
     Each round prefills the same random prompt of ``prompt_tokens`` tokens in every file (untimed), then
     times ``steps`` greedy one-token steps; the first round is a warm-up. Pool threads do not spin, so one
     session does not slow the other.
 
     Returns:
-        per file ``median_ms`` (one step), ``p90_ms``, ``tokens_per_s`` (1000 / median) and ``steps`` timed.
+        per file ``median_ms`` (one step), ``p90_ms``, ``tokens_per_s`` (``batch`` × 1000 / median) and ``steps``
+        timed.
     """
     import numpy as np
 
@@ -297,10 +303,10 @@ def onnx_decode_speed(paths: list[str | os.PathLike], *, prompt_tokens: int = PR
     times: list[list[float]] = [[] for _ in paths]
     for round_index in range(rounds + 1):
         for index, sess in enumerate(sessions):
-            _, steps_ms = _generate(sess, prompt, steps, timed=True)
+            _, steps_ms = _generate(sess, prompt, steps, timed=True, batch=batch)
             if round_index:
                 times[index] += steps_ms
-    return [_speed(t, threads) for t in times]
+    return [_speed(t, threads, batch) for t in times]
 
 
 def generate_torch(model: nn.Module, prompt: list[int], tokens: int) -> list[int]:
@@ -354,9 +360,11 @@ def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, 
     return _speed(times, torch.get_num_threads())
 
 
-def _speed(times_ms: list[float], threads: int) -> dict[str, Any]:
+def _speed(times_ms: list[float], threads: int, batch: int = 1) -> dict[str, Any]:
+    """A step's median and p90 milliseconds, and the tokens per second ``batch`` rows generate at the median."""
     import numpy as np
 
     median = float(np.median(times_ms))
     return {"median_ms": round(median, 4), "p90_ms": round(float(np.percentile(times_ms, 90)), 4),
-            "tokens_per_s": round(1e3 / median, 1), "steps": len(times_ms), "threads": threads}
+            "tokens_per_s": round(batch * 1e3 / median, 1), "steps": len(times_ms), "threads": threads,
+            **({"batch": batch} if batch != 1 else {})}

@@ -1,5 +1,5 @@
-"""OpenVINO IR written from a verified ONNX file: NNCF's INT8 quantization, the ``.xml`` + ``.bin`` pair saved with
-the precision it was verified at, and published atomically.
+"""OpenVINO IR written from a verified ONNX file: NNCF's INT8 quantization and weight compression, the ``.xml`` +
+``.bin`` pair saved with the precision it was verified at, and published atomically.
 
 Reading, compiling and running IR is :mod:`optkit.runtime.openvino`.
 """
@@ -40,6 +40,36 @@ def quantize(model: Any, batches: Sequence[Any]) -> Any:
             return nncf.quantize(model.clone(), nncf.Dataset(list(batches)), subset_size=len(batches))
     except Exception as e:
         raise ExportError(f"NNCF could not quantize the model: {first_line(e)}") from e
+    finally:
+        logger.setLevel(level)
+
+
+def compress_weights(model: Any, bits: int, *, group_size: int, symmetric: bool) -> Any:
+    """``model`` with its weights compressed by NNCF (``compress_weights``, no data): INT8 per output channel
+    (asymmetric), or INT4 in groups of ``group_size`` along the input (``INT4_SYM``/``INT4_ASYM``; NNCF keeps the
+    embeddings and the last layer in INT8). Activations stay in floating point.
+
+    Args:
+        model: an ``openvino.Model`` (not changed).
+        bits: 8 or 4.
+        group_size: INT4 weights per scale.
+        symmetric: INT4 without zero points.
+
+    Raises:
+        ExportError: if NNCF is missing or fails.
+    """
+    nncf = nncf_module()
+    mode = nncf.CompressWeightsMode
+    options = ({"mode": mode.INT8_ASYM} if bits == 8 else
+               {"mode": mode.INT4_SYM if symmetric else mode.INT4_ASYM, "group_size": group_size, "ratio": 1.0})
+    logger = logging.getLogger("nncf")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return nncf.compress_weights(model.clone(), **options)
+    except Exception as e:
+        raise ExportError(f"NNCF could not compress the weights: {first_line(e)}") from e
     finally:
         logger.setLevel(level)
 

@@ -362,7 +362,8 @@ class ModelKind:
 
 def output_batches(kind: ModelKind, model: nn.Module | str | os.PathLike, eval_set: EvalSet,
                    batch_size: int) -> Iterator[torch.Tensor]:
-    """The first output tensor (float32, CPU) of a PyTorch model or an ONNX file on each batch of ``eval_set``.
+    """The first output tensor (float32, CPU) of a PyTorch model, an ONNX file or an OpenVINO IR (``.xml``) on
+    each batch of ``eval_set``.
 
     Raises:
         OptkitError: for an ONNX file whose inputs are not the eval set's.
@@ -390,9 +391,11 @@ def output_batches(kind: ModelKind, model: nn.Module | str | os.PathLike, eval_s
 def _onnx_batches(path: str | os.PathLike, eval_set: EvalSet, batch_size: int) -> Iterator[torch.Tensor]:
     import torch
 
+    from optkit.runtime import openvino as ov
     from optkit.runtime.onnxrt import onnx_session
 
-    session = onnx_session(path)
+    # An OpenVINO IR (a deployment of the ONNX file) is scored the same way, at the precision it records.
+    session = ov.session(path) if os.fspath(path).endswith(".xml") else onnx_session(path)
     names = [value.name for value in session.get_inputs()]
     count = len(eval_set.model_inputs().tensors())
     if len(names) != count:

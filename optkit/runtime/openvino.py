@@ -34,6 +34,9 @@ from typing import Any
 from optkit.core.errors import ExportError, first_line
 
 PRECISIONS = ("fp32", "bf16", "int8")
+#: Weight-only compressed IR (NNCF ``compress_weights``: INT8 or INT4 weights, activations in floating point),
+#: which an IR records like a precision; they compute as INT8 does (:func:`compute_hint`).
+WEIGHT_PRECISIONS = ("w8", "w4")
 #: How to add OpenVINO: optkit is installed from its checkout (``make setup``), so the extra is an editable install.
 INSTALL = "pip install -e '.[openvino]'"
 MISSING_NOTE = (f"OpenVINO is not installed: `{INSTALL}` (in the optkit checkout) adds OpenVINO fp32, bf16 and "
@@ -106,15 +109,16 @@ def unavailable(precision: str) -> str | None:
     """Why ``precision`` cannot run here, in words, or ``None`` when it can.
 
     Raises:
-        ValueError: for a precision not in :data:`PRECISIONS`.
+        ValueError: for a precision not in :data:`PRECISIONS` or :data:`WEIGHT_PRECISIONS`.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"OpenVINO precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision not in PRECISIONS + WEIGHT_PRECISIONS:
+        raise ValueError(f"OpenVINO precision must be one of {', '.join(PRECISIONS + WEIGHT_PRECISIONS)}, got "
+                         f"{precision!r}")
     if not available():
         return f"OpenVINO is not installed ({INSTALL})"
     if precision == "bf16" and not cpu_has_bf16():
         return "this CPU has no bf16 instructions, so OpenVINO would compute in f32: use fp32"
-    if precision == "int8":
+    if precision in ("int8", *WEIGHT_PRECISIONS):
         try:
             nncf_module()
         except ExportError as e:
@@ -123,8 +127,9 @@ def unavailable(precision: str) -> str | None:
 
 
 def compute_hint(precision: str) -> str:
-    """The ``INFERENCE_PRECISION_HINT`` a file of ``precision`` compiles with (``f32`` or ``bf16``)."""
-    if precision == "bf16" or (precision == "int8" and cpu_has_bf16()):
+    """The ``INFERENCE_PRECISION_HINT`` a file of ``precision`` compiles with (``f32`` or ``bf16``): INT8 and
+    weight-only compressed files compute their floating-point parts in bf16 where the CPU has it."""
+    if precision == "bf16" or (precision in ("int8", *WEIGHT_PRECISIONS) and cpu_has_bf16()):
         return "bf16"
     return "f32"
 
@@ -147,7 +152,7 @@ def recorded_precision(model: Any) -> str | None:
     if not model.has_rt_info(RT_PRECISION):
         return None
     value = model.get_rt_info(RT_PRECISION).astype(str)
-    return value if value in PRECISIONS else None
+    return value if value in PRECISIONS + WEIGHT_PRECISIONS else None
 
 
 def compile_model(model: Any, *, precision: str | None = None, threads: int | None = None,
@@ -156,7 +161,8 @@ def compile_model(model: Any, *, precision: str | None = None, threads: int | No
 
     Args:
         model: an IR ``.xml`` or ONNX path, or an ``openvino.Model`` (reshaped in place with ``input_shape``).
-        precision: one of :data:`PRECISIONS` (``None``: the one the file records, else ``fp32``).
+        precision: one of :data:`PRECISIONS` or :data:`WEIGHT_PRECISIONS` (``None``: the one the file records,
+            else ``fp32``).
         threads: inference threads (``None``: OpenVINO's choice, every core).
         input_shape: compile for this input shape (batch first) instead of the file's dynamic one, as a
             deployment at a fixed batch does.
@@ -204,10 +210,11 @@ def fix_shape(model: Any, input_shape: Sequence[int]) -> None:
 
 
 def run(compiled: Any, batch: Any) -> Any:
-    """The first output of a compiled model on one input batch, as a float32 array."""
+    """The first output of a compiled model on one input batch (or a feed of every input by name), as a float32
+    array."""
     import numpy as np
 
-    return np.asarray(compiled({0: batch})[0], dtype=np.float32)
+    return np.asarray(compiled(batch if isinstance(batch, dict) else {0: batch})[0], dtype=np.float32)
 
 
 def openvino_feed(compiled: Any, shape: Sequence[int], *, seed: int = 0) -> dict[int, Any]:
@@ -227,3 +234,63 @@ def openvino_feed(compiled: Any, shape: Sequence[int], *, seed: int = 0) -> dict
         else:
             feed[index] = np.ones(size, dtype=np.int32 if dtype.get_type_name() == "i32" else np.int64)
     return feed
+
+
+#: ONNX Runtime's names of the element types an OpenVINO port may have (``NodeArg.type``).
+_ORT_TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)", "bf16": "tensor(bfloat16)", "i64": "tensor(int64)",
+              "i32": "tensor(int32)", "boolean": "tensor(bool)"}
+
+
+def port_name(port: Any) -> str:
+    """A port's name as the ONNX graph gave it: OpenVINO may add internal names (``/Concat_output_0``) to an
+    input that feeds a node directly, and ``get_any_name`` may return either."""
+    return min(sorted(port.get_names()), key=lambda name: name.startswith("/"))
+
+
+class Session:
+    """An OpenVINO compiled model called the way an ONNX Runtime session is (``get_inputs``, ``get_outputs``,
+    ``run(None, feed)`` with a feed by input name), so what runs an ONNX file a call at a time (scoring on
+    text, a decode graph's steps and their timing) runs an IR the same way.
+
+    Args:
+        compiled: the ``openvino.CompiledModel`` (see :func:`compile_model`); one infer request serves every call.
+    """
+
+    def __init__(self, compiled: Any):
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+
+    def get_inputs(self) -> list[Any]:
+        return [_port_info(port) for port in self.compiled.inputs]
+
+    def get_outputs(self) -> list[Any]:
+        return [_port_info(port) for port in self.compiled.outputs]
+
+    def run(self, output_names: Sequence[str] | None, feed: dict[str, Any]) -> list[Any]:
+        """The outputs (all, or those named) on ``feed``, as numpy arrays the next call does not overwrite."""
+        import numpy as np
+
+        result = self.request.infer(feed)
+        outputs = self.compiled.outputs
+        wanted = outputs if output_names is None else [next(p for p in outputs if name in p.get_names())
+                                                        for name in output_names]
+        return [np.array(result[port]) for port in wanted]
+
+
+def _port_info(port: Any) -> Any:
+    """A port as ONNX Runtime describes an input or output: ``name``, ``type``, ``shape`` (``None``: dynamic)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=port_name(port), type=_ORT_TYPES.get(port.get_element_type().get_type_name(),
+                                                                     "tensor(float)"),
+                           shape=[d.get_length() if d.is_static else None for d in port.get_partial_shape()])
+
+
+def session(path: str | os.PathLike, threads: int | None = None, *, precision: str | None = None) -> Session:
+    """A :class:`Session` of an IR (or ONNX) file compiled at ``precision`` (``None``: the one it records), its
+    shapes left dynamic.
+
+    Raises:
+        ExportError: as :func:`compile_model` does.
+    """
+    return Session(compile_model(path, precision=precision, threads=threads))

@@ -11,6 +11,13 @@ when it measures at least ``min_gain`` faster than the one kept before it
 (:func:`pick`), so the choice is never slower than a simpler verified one. Only
 the chosen deployment's files are written beside the FP32 file; every candidate
 is listed with its figures or the reason it was not taken.
+
+A language model (given as ``model``) has its own candidates
+(:data:`optkit.passes.deploy.settings.TOKEN_CANDIDATES`, weight-only INT8/INT4
+in both runtimes among them), each deployed with its decode graph, checked by
+validation perplexity against its precision's limit and timed as prefill and
+decode tokens/s (:mod:`optkit.passes.deploy.tokens`); the same rule then
+compares their decode time per token.
 """
 
 from __future__ import annotations
@@ -19,56 +26,23 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from optkit.core.errors import DataError, ExportError
 from optkit.export import openvino as ir
+from optkit.passes.deploy import tokens as token_deploy
+from optkit.passes.deploy.candidate import Candidate
 from optkit.passes.deploy.convert import openvino_ir
-from optkit.passes.deploy.settings import CANDIDATES, DeploySettings
+from optkit.passes.deploy.settings import CANDIDATES, TOKEN_CANDIDATES, DeploySettings
 from optkit.runtime import openvino as ov
 
 #: A timer takes the deployments to time (the baseline first) and returns each one's Latency, in order.
 Timer = Callable[[Sequence[Any]], Sequence[Any]]
-RUNTIME_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
-
-
-@dataclass
-class Candidate:
-    """One deployment the choice tried.
-
-    Attributes:
-        name: ``runtime-precision`` (``openvino-bf16``).
-        runtime: ``onnxruntime`` or ``openvino``.
-        precision: ``fp32``, ``bf16`` or ``int8``.
-        status: ``chosen``, ``verified`` (passed, not chosen), ``refused`` (missed a check, or measured no
-            faster than a simpler one) or ``unavailable`` (cannot run here).
-        reason: why it was not chosen (``None`` for the chosen one).
-        check: what its check found (agreement, accuracy, file size), when it was built.
-        latency: its :class:`~optkit.analysis.latency.Latency` as a dict, when it was timed.
-        speedup: the unpruned FP32 file's median / its median, when it was timed.
-    """
-
-    name: str
-    runtime: str
-    precision: str
-    status: str = "verified"
-    reason: str | None = None
-    check: dict[str, Any] = field(default_factory=dict)
-    latency: dict[str, Any] | None = None
-    speedup: float | None = None
-    built: Path | None = field(default=None, repr=False)
-
-    @property
-    def label(self) -> str:
-        """``OpenVINO bf16``: the runtime and precision in words."""
-        return f"{RUNTIME_NAMES[self.runtime]} {self.precision.upper() if self.precision != 'bf16' else 'bf16'}"
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("built")
-        return out
+#: A decode timer takes decode graphs (the baseline's first), ``prompt_tokens``, ``threads`` and ``batch``, and
+#: returns each one's decode speed (``median_ms`` per step, ``tokens_per_s``), in order.
+DecodeTimer = Callable[..., Sequence[dict[str, Any]]]
 
 
 @dataclass
@@ -88,6 +62,12 @@ class DeployResult:
         candidates: every candidate, simplest first.
         load_avg_1min: the 1-minute load average before and after the timing.
         notes: plain-language lines for the report, led by what was chosen.
+        timed_as: what the choice compared: ``call`` (one call at ``batch_size``), or for a language model
+            ``decode`` (time of a decode step at ``batch_size``) or ``prefill`` (without decode graphs).
+        prefill_baseline: a language model's unpruned FP32 prefill timing (with ``tokens_per_s``).
+        perplexity_limits: a language model's perplexity limit by precision (multiples of FP32's).
+        decode_prompt_tokens: the prompt before the timed decode steps.
+        min_gain: the gain over a simpler deployment a candidate needed to be chosen.
     """
 
     runtime: str
@@ -104,13 +84,19 @@ class DeployResult:
     candidates: list[dict[str, Any]]
     load_avg_1min: list[float]
     notes: list[str]
+    timed_as: str = "call"
+    prefill_baseline: dict[str, Any] | None = None
+    perplexity_limits: dict[str, float] | None = None
+    decode_prompt_tokens: int | None = None
+    min_gain: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def choose_deployment(fp32_path: str | os.PathLike, settings: DeploySettings, *, input_shape: tuple[int, ...],
-                      baseline: str | os.PathLike | None = None, timer: Timer | None = None) -> DeployResult:
+                      baseline: str | os.PathLike | None = None, timer: Timer | None = None, model: Any = None,
+                      decode_timer: DecodeTimer | None = None) -> DeployResult:
     """Build, check and time every candidate deployment of ``fp32_path``; write the fastest beside it.
 
     Args:
@@ -118,9 +104,14 @@ def choose_deployment(fp32_path: str | os.PathLike, settings: DeploySettings, *,
             (``NAME.int8.onnx``, or ``NAME.xml`` + ``NAME.bin``), or is the file itself.
         settings: the choice's settings (thread count, batch, candidates, task check).
         input_shape: the model input shape, batch first.
-        baseline: the unpruned model's FP32 ONNX file the speed-ups are measured against (default: ``fp32_path``).
+        baseline: the unpruned model's FP32 ONNX file the speed-ups are measured against (default: ``fp32_path``);
+            for a language model, its decode graph beside it too.
         timer: times deployments interleaved (default: :func:`optkit.analysis.latency.interleaved_latency` at
             ``settings.threads`` and ``settings.batch``); tests inject one so they never time anything.
+        model: the PyTorch model the file was exported from; a language model (its kind's ``language_model``)
+            gets the language-model candidates, checked by perplexity (:mod:`optkit.passes.deploy.tokens`).
+        decode_timer: times a language model's decode graphs (default:
+            :func:`optkit.export.decode.onnx_decode_speed` at ``settings.threads``).
 
     Returns:
         the :class:`DeployResult`.
@@ -135,31 +126,46 @@ def choose_deployment(fp32_path: str | os.PathLike, settings: DeploySettings, *,
         raise ExportError(f"{source} not found; export the model first (optkit export MODEL --onnx {source})")
     threads = settings.threads or os.cpu_count() or 1
     shape = (settings.batch, *tuple(input_shape)[1:])
+    language = model is not None and _language_model(model)
     scratch = Path(tempfile.mkdtemp(prefix=f".{source.name}.", suffix=".deploy", dir=source.parent))
     try:
-        candidates = [_build(name, source, scratch, settings, tuple(input_shape), threads)
-                      for name in settings.candidates or CANDIDATES]
+        if language:
+            builder = token_deploy.TokenCandidates(source, scratch, settings, tuple(input_shape), model)
+            candidates = [_build_token(name, builder) for name in settings.candidates or TOKEN_CANDIDATES]
+        else:
+            candidates = [_build(name, source, scratch, settings, tuple(input_shape), threads)
+                          for name in settings.candidates or CANDIDATES]
         ready = [c for c in candidates if c.status == "verified"]
         if not ready:
             reasons = "; ".join(f"{c.name}: {c.reason}" for c in candidates)
             raise ExportError(f"no deployment passed its checks ({reasons}); nothing was written")
         load_start = os.getloadavg()[0]
-        timed = list((timer or _default_timer(shape, threads, settings.repeats))(
-            [Deployment(baseline or source), *(Deployment(c.built, c.runtime, c.precision) for c in ready)]))
-        reference = timed[0]
-        for candidate, latency in zip(ready, timed[1:]):
-            candidate.latency = latency.to_dict()
-            candidate.speedup = round(reference.median_ms / latency.median_ms, 3) if latency.median_ms else None
+        timer = timer or _default_timer(shape, threads, settings.repeats)
+        if language:
+            timing = token_deploy.time_tokens(ready, Path(baseline or source), shape, threads, settings.repeats, timer,
+                                              decode_timer or token_deploy.decode_timer, model)
+            reference = timing["latency"]
+        else:
+            timing = {"timed_as": "call"}
+            timed = list(timer([Deployment(baseline or source),
+                                *(Deployment(c.built, c.runtime, c.precision) for c in ready)]))
+            reference = timed[0].to_dict()
+            for candidate, latency in zip(ready, timed[1:]):
+                candidate.latency = latency.to_dict()
+        for candidate in ready:
+            ms = candidate.latency["median_ms"]
+            candidate.speedup = round(reference["median_ms"] / ms, 3) if ms else None
         chosen = pick(ready, settings.min_gain)
-        files = _publish(chosen, source)
+        files = token_deploy.publish(chosen, source) if language else _publish(chosen, source)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
-    notes = _notes(chosen, candidates, reference, threads, settings.batch, baseline is not None)
+    notes = _notes(chosen, candidates, reference, threads, settings.batch, baseline is not None, timing["timed_as"])
     return DeployResult(chosen.runtime, chosen.precision, chosen.label, next(iter(files)), files, sum(files.values()),
                         ov.compute_hint(chosen.precision) if chosen.runtime == "openvino" else None, threads,
-                        settings.batch, reference.to_dict(), chosen.speedup, [c.to_dict() for c in candidates],
-                        load, notes)
+                        settings.batch, reference, chosen.speedup, [c.to_dict() for c in candidates],
+                        load, notes, timing["timed_as"], timing.get("prefill"),
+                        token_deploy.limits() if language else None, timing.get("prompt_tokens"), settings.min_gain)
 
 
 def pick(candidates: Sequence[Candidate], min_gain: float) -> Candidate:
@@ -186,6 +192,31 @@ def pick(candidates: Sequence[Candidate], min_gain: float) -> Candidate:
     return kept
 
 
+def _language_model(model: Any) -> bool:
+    from optkit.kinds import kind_of
+
+    return kind_of(model).language_model
+
+
+def _build_token(name: str, builder: token_deploy.TokenCandidates) -> Candidate:
+    """One candidate of a language model, built and checked by ``builder``; a failed check or a missing runtime
+    becomes its reason."""
+    runtime, precision = name.split("-")
+    candidate = Candidate(name, runtime, precision)
+    if name not in TOKEN_CANDIDATES:
+        candidate.status, candidate.reason = "unavailable", (
+            f"{name} is for other models; a language model's OpenVINO INT8 is its weight compression (openvino-w8)")
+        return candidate
+    if runtime == "openvino" and (reason := ov.unavailable(precision)) is not None:
+        candidate.status, candidate.reason = "unavailable", reason
+        return candidate
+    try:
+        builder.build(candidate)
+    except (ExportError, DataError) as e:
+        candidate.status, candidate.reason, candidate.built, candidate.decode_built = "refused", str(e), None, None
+    return candidate
+
+
 def _build(name: str, source: Path, scratch: Path, settings: DeploySettings, shape: tuple[int, ...],
            threads: int) -> Candidate:
     """One candidate, built in ``scratch`` and checked; a failed check or a missing runtime becomes its reason."""
@@ -193,6 +224,9 @@ def _build(name: str, source: Path, scratch: Path, settings: DeploySettings, sha
 
     runtime, precision = name.split("-")
     candidate = Candidate(name, runtime, precision)
+    if name not in CANDIDATES:
+        candidate.status, candidate.reason = "unavailable", f"{name} is for language models (weight-only quantization)"
+        return candidate
     if name == "onnxruntime-fp32":
         candidate.built = source
         candidate.check = {"file_size": source.stat().st_size, "verified": "against PyTorch when it was exported"}
@@ -247,22 +281,38 @@ def _publish(chosen: Candidate, source: Path) -> dict[str, int]:
     return {path.name: path.stat().st_size for path in ir.ir_files(target)}
 
 
-def _notes(chosen: Candidate, candidates: list[Candidate], reference: Any, threads: int, batch: int,
-           unpruned: bool) -> list[str]:
+def _notes(chosen: Candidate, candidates: list[Candidate], reference: dict[str, Any], threads: int, batch: int,
+           unpruned: bool, timed_as: str = "call") -> list[str]:
     """The choice in words: what was chosen and how fast, then each other candidate's figures or reason."""
     against = "the unpruned model's" if unpruned else "the"
     setting = f"{threads} thread(s), batch {batch}"
+    unit = {"decode": " per decode step", "prefill": " per prefill"}.get(timed_as, "")
     how = (f", compiled with INFERENCE_PRECISION_HINT {ov.compute_hint(chosen.precision)}"
            if chosen.runtime == "openvino" else "")
     lines = [f"deployment: {chosen.label}{how} is the fastest that passed its checks at {setting}: "
-             f"{chosen.latency['median_ms']:.2f} ms, {chosen.speedup:.2f}x {against} ONNX Runtime FP32 file "
-             f"({reference.median_ms:.2f} ms)"]
+             f"{chosen.latency['median_ms']:.2f} ms{unit}{_words(chosen)}, {chosen.speedup:.2f}x {against} ONNX "
+             f"Runtime FP32 file ({reference['median_ms']:.2f} ms)"]
     for candidate in candidates:
         if candidate is chosen:
             continue
-        timing = (f"{candidate.latency['median_ms']:.2f} ms ({candidate.speedup:.2f}x)"
+        timing = (f"{candidate.latency['median_ms']:.2f} ms{unit} ({candidate.speedup:.2f}x){_words(candidate)}"
                   if candidate.latency is not None else "not timed")
         lines.append(f"deployment candidate {candidate.label}: {timing}; {candidate.status}: {candidate.reason}")
     if any(c.runtime == "openvino" and c.status == "unavailable" for c in candidates) and not ov.available():
         lines.append(ov.MISSING_NOTE)
     return lines
+
+
+def _words(candidate: Candidate) -> str:
+    """A language model candidate's perplexity against its limit, and its tokens/s, in words (else nothing)."""
+    ratio = candidate.check.get("perplexity_ratio")
+    if ratio is None and candidate.prefill is None:
+        return ""
+    parts = []
+    if ratio is not None:
+        parts.append(f"perplexity {ratio:.4f}x FP32 (limit {candidate.check['limit']:g}x)")
+    if candidate.prefill is not None:
+        parts.append(f"prefill {candidate.prefill['tokens_per_s']:,.0f} tokens/s")
+    if candidate.latency is not None and candidate.latency is not candidate.prefill:
+        parts.append(f"decode {candidate.latency['tokens_per_s']:,.0f} tokens/s")
+    return f" ({', '.join(parts)})"

@@ -7,6 +7,14 @@ the FP32 file in ONNX Runtime on the same inputs (the ``val`` split of
 ``calib_data``): top-1 agreement and accuracy like INT8 today, and for ``fp32``
 also every output within the export's tolerance. Only a model that passes is
 moved into place; on any failure nothing is written.
+
+A model of several inputs (token ids and an attention mask) is converted the
+same way and checked on reproducible example inputs for every input
+(:func:`optkit.runtime.onnxrt.onnx_feed`): ``fp32`` to the export's tolerance,
+``bf16``/``int8`` (calibrated on such inputs too) only with
+``random_calibration``, for timing; data of one input cannot feed it. A
+language model's deployments are checked on its task, by perplexity, by
+:mod:`optkit.passes.deploy.tokens`.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ NO_DATA = ("OpenVINO {precision} computes differently from FP32, so it is checke
            "will see: give --calib-data SPEC (--random-calibration allows random inputs, for timing only)")
 RANDOM_NOTE = ("OpenVINO {precision} was checked on random inputs, not images, so its accuracy is unknown: the file is "
                "fit for timing only")
+SEVERAL_INPUTS = ("{name} takes {count} inputs ({names}): OpenVINO {precision} is checked on data only for models of "
+                  "one input here (a language model's --deploy checks its OpenVINO deployments by perplexity on text); "
+                  "--random-calibration checks it on example inputs instead, for timing only")
+#: Batches of example inputs a model of several inputs is checked (and INT8-calibrated) on.
+EXAMPLE_BATCHES = 2
 
 
 @dataclass
@@ -91,10 +104,10 @@ def openvino_ir(onnx_path: str | os.PathLike, xml_path: str | os.PathLike, preci
         the :class:`OpenVinoResult`.
 
     Raises:
-        ExportError: if OpenVINO (or NNCF for ``int8``) is missing, the precision cannot run on this CPU, the
-            model has more than one input (token ids and a mask), or the IR misses a check (nothing is written
-            then).
-        DataError: for ``bf16``/``int8`` without ``calib_data`` or ``random_calibration``, or unusable data.
+        ExportError: if OpenVINO (or NNCF for ``int8``) is missing, the precision cannot run on this CPU, or the
+            IR misses a check (nothing is written then).
+        DataError: for ``bf16``/``int8`` without ``calib_data`` or ``random_calibration`` (a model of several
+            inputs: without ``random_calibration``), or unusable data.
     """
     start = time.perf_counter()
     settings = settings or CheckSettings()
@@ -106,18 +119,20 @@ def openvino_ir(onnx_path: str | os.PathLike, xml_path: str | os.PathLike, preci
     if not source.is_file():
         raise ExportError(f"{source} not found; export the model first (optkit export MODEL --onnx {source})")
     model = ov.read(source)
-    if len(model.inputs) > 1:
-        names = ", ".join(port.get_any_name() for port in model.inputs)
-        raise ExportError(f"OpenVINO deployment here takes a model of one input; {source.name} has "
-                          f"{len(model.inputs)} ({names}): deploy it with ONNX Runtime; nothing was written")
     shape, fixed = _fit_shape(model, shape)
     batch = shape[0] if fixed else settings.batch_size
-    checking = _checking_batches(precision, settings, shape, batch)
+    several = len(model.inputs) > 1
+    if several and precision != "fp32" and not settings.random_calibration:
+        raise DataError(SEVERAL_INPUTS.format(name=source.name, count=len(model.inputs), precision=precision,
+                                              names=", ".join(ov.port_name(port) for port in model.inputs)))
+    checking = (_example_batches(source, shape, settings.seed + 1) if several else
+                _checking_batches(precision, settings, shape, batch))
     calibration = None
     if precision == "int8":
-        calibration = load_batches(settings.calib_data, "train", shape, batch_size=batch,
-                                   samples=settings.calibration_batches * batch,
-                                   random=settings.random_calibration, seed=settings.seed)
+        calibration = (_example_batches(source, shape, settings.seed) if several else
+                       load_batches(settings.calib_data, "train", shape, batch_size=batch,
+                                    samples=settings.calibration_batches * batch,
+                                    random=settings.random_calibration, seed=settings.seed))
         model = ir.quantize(model, calibration.inputs)
     target = Path(xml_path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +159,15 @@ def _checking_batches(precision: str, settings: CheckSettings, shape: tuple[int,
                         random=settings.calib_data is None, seed=settings.seed + 1)
 
 
+def _example_batches(source: Path, shape: tuple[int, ...], seed: int) -> Batches:
+    """:data:`EXAMPLE_BATCHES` feeds of every input of ``source`` at ``shape`` (as timing feeds them)."""
+    from optkit.runtime.onnxrt import onnx_feed, onnx_session
+
+    session = onnx_session(source, 1, spinning=False)
+    feeds = [onnx_feed(session, shape, seed=seed + index) for index in range(EXAMPLE_BATCHES)]
+    return Batches(feeds, None, "random")
+
+
 def _check(fp32_path: Path, xml_path: Path, precision: str, settings: CheckSettings,
            checking: Batches) -> tuple[float, float, float, float | None, float | None, float | None]:
     """``(agreement, relative error, max |diff|, tolerance, FP32 accuracy, accuracy)`` of the written IR.
@@ -155,7 +179,8 @@ def _check(fp32_path: Path, xml_path: Path, precision: str, settings: CheckSetti
 
     reference = verify.outputs(fp32_path, checking, threads=os.cpu_count() or 1)
     compiled = ov.compile_model(xml_path, precision=precision)
-    actual = np.concatenate([ov.run(compiled, x).reshape(len(x), -1) for x in checking.inputs])
+    actual = np.concatenate([ov.run(compiled, x).reshape(len(next(iter(x.values())) if isinstance(x, dict) else x), -1)
+                             for x in checking.inputs])
     labels = np.concatenate(checking.labels) if checking.labels else None
     found = verify.agreement(reference, actual, labels)
     missed = verify.misses(found, settings.min_agreement, settings.max_accuracy_drop)

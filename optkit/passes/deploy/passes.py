@@ -101,7 +101,10 @@ class Deploy(DeploySettings, Pass):
     Every candidate is checked on the task and timed against the unpruned FP32 model. Takes the FP32 ONNX
     form (after ``export_onnx``), writes only the chosen deployment's files beside ``NAME.onnx``
     (``NAME.int8.onnx``, or ``NAME.xml`` + ``NAME.bin``), and lists every candidate with its figures or why
-    it was not taken. Returns the chosen ONNX Runtime file, or the FP32 file when OpenVINO is chosen.
+    it was not taken. Returns the chosen ONNX Runtime file, or the FP32 file when OpenVINO is chosen. A
+    language model's candidates add weight-only INT8/INT4 (ONNX Runtime's MatMulNBits, NNCF's weight
+    compression), each deployed with its decode graph (``NAME.decode.*``), checked by validation perplexity
+    against its precision's limit and compared by the time of a decode step.
     """
 
     name = "deploy"
@@ -132,14 +135,18 @@ class Deploy(DeploySettings, Pass):
         """
         import tempfile
 
+        from optkit.export import decode
         from optkit.export.onnx import export_onnx
         from optkit.passes.deploy.choose import choose_deployment
+        from optkit.passes.deploy.tokens import deployed_paths
         from optkit.passes.quantize.passes import int8_path
 
         if model.precision != "fp32":
             raise ExportError(f"deploy starts from the FP32 ONNX model, but it got the {model.precision} one: drop "
                               "--int8 and --fp16 (deploy tries ONNX Runtime INT8 itself)")
-        taken = [p.name for p in (int8_path(model.path), openvino_path(model.path)) if p.exists()]
+        written = [int8_path(model.path), openvino_path(model.path),
+                   *(deployed_paths(Path(model.path), "onnxruntime", p)[0] for p in ("w8", "w4"))]
+        taken = [p.name for p in written if p.exists()]
         if taken:
             raise ExportError(f"{', '.join(taken)} was written by an earlier step; deploy writes the deployment it "
                               "chooses: drop --int8 and --openvino")
@@ -149,10 +156,15 @@ class Deploy(DeploySettings, Pass):
             if self.reference is not None:
                 baseline = Path(scratch) / "unpruned.onnx"
                 export_onnx(self.reference, baseline, shape)
-            result = choose_deployment(model.path, self, input_shape=shape, baseline=baseline).to_dict()
+                if decode.decode_path(model.path).is_file() and decode.unsupported(self.reference) is None:
+                    # A language model's candidates are compared by decode time: the unpruned decode graph too.
+                    decode.export_decode(self.reference, decode.decode_path(baseline))
+            result = choose_deployment(model.path, self, input_shape=shape, baseline=baseline,
+                                       model=model.source).to_dict()
         chosen = Path(model.path).with_name(result["path"])
+        what = {"decode": " decode ms/step", "prefill": " prefill ms"}.get(result["timed_as"], " ms")
         result["latency_rows"] = [{
-            "label": f"{result['label']} ms vs {'unpruned ' if baseline is not None else ''}ONNX Runtime FP32 "
+            "label": f"{result['label']}{what} vs {'unpruned ' if baseline is not None else ''}ONNX Runtime FP32 "
                      f"({result['threads']} thr, batch {result['batch_size']})",
             "before_ms": result["baseline"]["median_ms"],
             "after_ms": next(c["latency"]["median_ms"] for c in result["candidates"] if c["status"] == "chosen")}]

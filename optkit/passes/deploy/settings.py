@@ -12,12 +12,20 @@ from dataclasses import dataclass
 
 from optkit.core.settings import Settings, args_section, declared, setting
 from optkit.passes.quantize.settings import Int8Settings, check_calibration_source
+from optkit.passes.quantize.weights import BLOCK_SIZES
 
 PRECISIONS = ("fp32", "bf16", "int8")
 RUNTIMES = ("onnxruntime", "openvino")
 #: Every deployment the choice may try, simplest first: a later one is kept only when it is faster than
 #: every earlier one that passed its checks (lower precision, or the extra runtime, must pay for itself).
 CANDIDATES = ("onnxruntime-fp32", "openvino-fp32", "openvino-bf16", "onnxruntime-int8", "openvino-int8")
+#: The same for a language model (token ids and a mask; its decode graph deployed with it), checked by
+#: perplexity: ``w8``/``w4`` are weight-only INT8/INT4 (ONNX Runtime's MatMulNBits, NNCF's weight compression),
+#: ``onnxruntime-int8`` dynamic INT8. OpenVINO INT8 of a language model is its weight compression.
+TOKEN_CANDIDATES = ("onnxruntime-fp32", "openvino-fp32", "openvino-bf16", "onnxruntime-int8", "onnxruntime-w8",
+                    "openvino-w8", "onnxruntime-w4", "openvino-w4")
+ALL_CANDIDATES = tuple(dict.fromkeys(CANDIDATES + TOKEN_CANDIDATES))
+INT4_SCHEMES = ("sym", "asym")
 
 
 def _as_int8(name: str, **changes) -> dataclasses.Field:
@@ -29,16 +37,28 @@ def _as_int8(name: str, **changes) -> dataclasses.Field:
 
 
 def check_candidates(value) -> tuple[str, ...]:
-    """Validate a list of deployments (``()``: all of :data:`CANDIDATES`), keeping their order of simplicity.
+    """Validate a list of deployments (``()``: all of :data:`CANDIDATES`, or :data:`TOKEN_CANDIDATES` for a
+    language model), keeping their order of simplicity.
 
     Raises:
         ValueError: naming the valid names.
     """
     names = tuple(v.strip() for v in value.split(",")) if isinstance(value, str) else tuple(value)
-    unknown = [name for name in names if name not in CANDIDATES]
+    unknown = [name for name in names if name not in ALL_CANDIDATES]
     if unknown or isinstance(value, (bytes, dict)):
-        raise ValueError(f"deployment candidates must be names among {', '.join(CANDIDATES)}; got {value!r}")
-    return tuple(name for name in CANDIDATES if name in names)
+        raise ValueError(f"deployment candidates must be names among {', '.join(ALL_CANDIDATES)}; got {value!r}")
+    return tuple(name for name in ALL_CANDIDATES if name in names)
+
+
+def check_block_size(value) -> int:
+    """Validate a weight-only INT4 block size (one of :data:`BLOCK_SIZES`).
+
+    Raises:
+        ValueError: naming the valid sizes.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or str(value).strip() not in map(str, BLOCK_SIZES):
+        raise ValueError(f"the weight block size must be one of {', '.join(map(str, BLOCK_SIZES))}; got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -90,9 +110,17 @@ class DeploySettings(CheckSettings):
                                   "(default: every core).", low=1, flag="deploy-threads")
     batch: int = setting(1, help="Batch size the deployments are timed at.", low=1, flag="deploy-batch")
     candidates: tuple[str, ...] = setting((), help="Deployments to try, among onnxruntime-fp32, openvino-fp32, "
-                                          "openvino-bf16, onnxruntime-int8, openvino-int8 (default: all that can "
-                                          "run here).", check=check_candidates, flag="deploy-candidates",
-                                          metavar="NAME,...")
+                                          "openvino-bf16, onnxruntime-int8, openvino-int8; for a language model "
+                                          "also the weight-only onnxruntime-w8, openvino-w8, onnxruntime-w4 and "
+                                          "openvino-w4 (default: all that can run here).", check=check_candidates,
+                                          flag="deploy-candidates", metavar="NAME,...")
+    weight_block_size: int = setting(32, help="Language models: weights per scale of the weight-only INT4 "
+                                     "deployments (ONNX Runtime's MatMulNBits block, NNCF's group size): 32, 64 or "
+                                     "128; smaller keeps more accuracy, larger runs a little faster.",
+                                     check=check_block_size, flag="weight-block-size", metavar="32|64|128")
+    int4_scheme: str = setting("sym", help="Language models: weight-only INT4 symmetric (a scale per block) or "
+                               "asymmetric (a scale and a zero point per block).", choices=INT4_SCHEMES,
+                               flag="int4-scheme")
     min_gain: float = setting(0.02, help="A deployment is kept over a simpler one (higher precision, or ONNX "
                               "Runtime over OpenVINO) only when it measures at least this fraction faster.", low=0,
                               high=1, high_open=True, flag="deploy-min-gain")

@@ -24,7 +24,8 @@ class Batches:
     """Model inputs and, when the data has them, labels.
 
     Attributes:
-        inputs: float32 arrays shaped like the model input, batch first.
+        inputs: float32 arrays shaped like the model input, batch first (for a model of several inputs, a feed
+            of every input by name per batch).
         labels: one int64 array per batch, or ``None`` for random inputs.
         source: the dataset spec and split, or ``"random"``.
     """
@@ -35,7 +36,7 @@ class Batches:
 
     @property
     def samples(self) -> int:
-        return sum(len(x) for x in self.inputs)
+        return sum(len(next(iter(x.values())) if isinstance(x, dict) else x) for x in self.inputs)
 
 
 def load_batches(spec: str | None, split: str, input_shape: Sequence[int], *, batch_size: int, samples: int,

@@ -126,13 +126,14 @@ class TokenQuantizeResult:
 
 
 @dataclass
-class _Check:
-    """How INT8 files are checked.
+class TokenCheck:
+    """How a language model's lower-precision files are checked against its FP32 file (see :func:`token_check`).
 
     Attributes:
         source: what the check runs on, in words.
         base: the FP32 file's own figures.
-        run: a file's figures against FP32 and what it missed (empty: passed).
+        run: a file's figures against FP32 and what it missed (empty: passed); on text, ``run(path, increase)``
+            checks against a perplexity limit of ``1 + increase`` times FP32's (default: the settings').
         inputs: model inputs (token ids, attention mask) that rank nodes for the exclusion search.
         prompts: ``(prompt ids, text ids that follow, or None on random ids)`` for the decode graph.
         perplexity: whether the figures include perplexity (text) or only agreement (random ids).
@@ -184,7 +185,8 @@ def quantize_language_model(fp32_path: str | os.PathLike, int8_path: str | os.Pa
 
 
 def quantize_tokens(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, settings: Int8Settings | None = None,
-                    *, model: nn.Module, input_shape: tuple[int, ...]) -> TokenQuantizeResult:
+                    *, model: nn.Module, input_shape: tuple[int, ...],
+                    check: TokenCheck | None = None) -> TokenQuantizeResult:
     """Dynamic INT8 of a language model's ONNX file and of its decode graph, verified before anything is written.
 
     Args:
@@ -195,6 +197,7 @@ def quantize_tokens(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, 
         settings: the :class:`Int8Settings` (defaults when ``None``); ``calib_data`` names the text.
         model: the PyTorch model the file was exported from (its kind scores the files, its tokenizer reads the text).
         input_shape: the token input shape ``N,L``; the text is scored in blocks of ``L`` tokens.
+        check: the check of the FP32 file already made by :func:`token_check` (default: made from ``settings``).
 
     Returns:
         the :class:`TokenQuantizeResult`.
@@ -216,10 +219,7 @@ def quantize_tokens(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, 
     shape = check_input_shape(input_shape)
     kind = kind_of(model)
     kind.check_shape(model, shape)
-    if settings.calib_data is None and not settings.random_calibration:
-        raise DataError(NO_TEXT)
-    check = (_text_check(source, model, kind, shape, settings) if settings.calib_data is not None
-             else _random_check(source, model, kind, shape, settings))
+    check = check or token_check(source, model, shape, settings)
     decode_source = decode_path(source)
     decode_target = target.with_name(decode_int8_path(source).name)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -241,8 +241,34 @@ def quantize_tokens(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, 
     return _result(source, target, settings, check, outcome, quantized, decode, files, time.perf_counter() - start)
 
 
+def token_check(fp32_path: str | os.PathLike, model: nn.Module, input_shape: tuple[int, ...],
+                settings: Int8Settings, *, random: bool | None = None) -> TokenCheck:
+    """How files of a language model are checked against its FP32 file ``fp32_path``: perplexity on the ``val``
+    split of the text in ``settings.calib_data``, or, without text, top-1 agreement on random token ids.
+
+    Args:
+        fp32_path: the FP32 ONNX file (its outputs are the reference, computed now).
+        model: the PyTorch model it was exported from (its kind scores, its tokenizer reads the text).
+        input_shape: the token input shape ``N,L`` (the text is scored in blocks of ``L`` tokens).
+        settings: the data, samples, seed and limits.
+        random: check on random token ids even without ``random_calibration`` (``None``: only with it).
+
+    Raises:
+        DataError: without text (and without ``random_calibration`` or ``random``), for image data, or text the
+            model's tokenizer cannot read.
+    """
+    from optkit.kinds import kind_of
+
+    kind = kind_of(model)
+    if settings.calib_data is not None:
+        return _text_check(Path(fp32_path), model, kind, input_shape, settings)
+    if not (settings.random_calibration or random):
+        raise DataError(NO_TEXT)
+    return _random_check(Path(fp32_path), model, kind, input_shape, settings)
+
+
 def _text_check(fp32: Path, model: nn.Module, kind: ModelKind, shape: tuple[int, ...],
-                settings: Int8Settings) -> _Check:
+                settings: Int8Settings) -> TokenCheck:
     """Perplexity on the first blocks of the text's ``val`` split, against the FP32 file's."""
     from optkit.analysis.evaluation import DataReaders
     from optkit.data.specs import is_text
@@ -256,19 +282,18 @@ def _text_check(fp32: Path, model: nn.Module, kind: ModelKind, shape: tuple[int,
                              max(1, TEXT_TOKENS // length)), data=DataReaders(model))
     reference = kind.eval_outputs(os.fspath(fp32), eval_set, settings.batch_size)
     base = kind.score(reference, eval_set)
-    limit = base["perplexity"] * (1 + settings.max_perplexity_increase)
 
-    def run(path: Path) -> tuple[dict[str, Any], list[str]]:
+    def run(path: Path, increase: float | None = None) -> tuple[dict[str, Any], list[str]]:
+        increase = settings.max_perplexity_increase if increase is None else increase
         scores = kind.score(kind.eval_outputs(os.fspath(path), eval_set, settings.batch_size), eval_set, reference)
-        if scores["perplexity"] <= limit:
+        if scores["perplexity"] <= base["perplexity"] * (1 + increase):
             return scores, []
         return scores, [f"perplexity {scores['perplexity']:.4f} vs {base['perplexity']:.4f} FP32 "
-                        f"({scores['perplexity'] / base['perplexity'] - 1:+.2%} > "
-                        f"+{settings.max_perplexity_increase:.2%})"]
+                        f"({scores['perplexity'] / base['perplexity'] - 1:+.2%} > +{increase:.2%})"]
 
     tensors = [t.numpy() for t in eval_set.model_inputs().tensors()]
     mask = tensors[1] if len(tensors) > 1 else None
-    return _Check(f"{spec} (val)", base, run, tensors, _text_prompts(tensors[0], mask, length), True)
+    return TokenCheck(f"{spec} (val)", base, run, tensors, _text_prompts(tensors[0], mask, length), True)
 
 
 def _text_prompts(ids: np.ndarray, mask: np.ndarray | None, length: int) -> list[tuple[list[int], list[int]]]:
@@ -280,7 +305,7 @@ def _text_prompts(ids: np.ndarray, mask: np.ndarray | None, length: int) -> list
 
 
 def _random_check(fp32: Path, model: nn.Module, kind: ModelKind, shape: tuple[int, ...],
-                  settings: Int8Settings) -> _Check:
+                  settings: Int8Settings) -> TokenCheck:
     """The logits' top-1 agreement with the FP32 file on :data:`RANDOM_ROWS` rows of random token ids."""
     import torch
 
@@ -300,7 +325,7 @@ def _random_check(fp32: Path, model: nn.Module, kind: ModelKind, shape: tuple[in
 
     reference = logits(fp32)
 
-    def run(path: Path) -> tuple[dict[str, Any], list[str]]:
+    def run(path: Path, increase: float | None = None) -> tuple[dict[str, Any], list[str]]:
         result = verify.agreement(reference, logits(path))
         figures = {"samples": RANDOM_ROWS, "tokens": result.samples, "agreement": result.agreement,
                    "relative_error": result.relative_error}
@@ -308,12 +333,12 @@ def _random_check(fp32: Path, model: nn.Module, kind: ModelKind, shape: tuple[in
 
     prompt = max(1, min(DECODE_PROMPT_TOKENS, length - DECODE_STEPS))
     tensors = [t.numpy() for t in eval_set.model_inputs().tensors()]
-    return _Check("random token ids", {"samples": RANDOM_ROWS, "tokens": ids.numel()}, run, tensors,
+    return TokenCheck("random token ids", {"samples": RANDOM_ROWS, "tokens": ids.numel()}, run, tensors,
                   [(row[:prompt].tolist(), None) for row in ids], False)
 
 
 def _quantize_main(source: Path, scratch: Path, settings: Int8Settings,
-                   check: _Check) -> tuple[Path, set[str], exclusion.SearchOutcome, int]:
+                   check: TokenCheck) -> tuple[Path, set[str], exclusion.SearchOutcome, int]:
     """The checked INT8 model in ``scratch``: ``(pre-processed FP32 file, op types, outcome, nodes quantized)``.
 
     Raises:
@@ -359,7 +384,7 @@ def _step(node: str, score: float, figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quantize_decode(source: Path, scratch: Path, main_pre: Path, excluded: list[str], op_types: set[str],
-                     settings: Int8Settings, check: _Check) -> tuple[Path | None, dict[str, Any]]:
+                     settings: Int8Settings, check: TokenCheck) -> tuple[Path | None, dict[str, Any]]:
     """The decode graph quantized like the model (the same weights left in FP32) and checked step by step.
 
     Returns:
@@ -372,7 +397,7 @@ def _quantize_decode(source: Path, scratch: Path, main_pre: Path, excluded: list
     kept = _same_weights(main_pre, set(settings.exclude) | set(excluded), pre)
     out = scratch / "decode-int8.onnx"
     _quantize(pre, out, settings, op_types, kept)
-    figures, missed = _decode_figures(source, out, check, settings)
+    figures, missed = decode_figures(source, out, check, settings)
     graph = onnx.load(str(source), load_external_data=False).graph
     parameters, nodes = sum(math.prod(init.dims) for init in graph.initializer), len(graph.node)
     info = {"fp32_file": source.name, "file": None, "size": None, "checked_on": check.source, **figures,
@@ -399,8 +424,10 @@ def _same_weights(main: Path, nodes: Collection[str], other: Path) -> list[str]:
     return sorted(n.name for n in second.node if any((n.op_type, found.get(i)) in wanted for i in n.input))
 
 
-def _decode_figures(fp32: Path, int8: Path, check: _Check, settings: Int8Settings) -> tuple[dict[str, Any], list[str]]:
-    """The decode graphs compared on the check's prompts: figures and what the INT8 graph missed.
+def decode_figures(fp32: Path, int8: Path, check: TokenCheck,
+                   settings: Int8Settings) -> tuple[dict[str, Any], list[str]]:
+    """The decode graphs compared on the check's prompts: figures and what the INT8 graph missed (``int8``
+    may be any lower-precision decode graph, an ONNX file or an OpenVINO IR).
 
     On text the tokens fed after each prompt are the text's, and the INT8 graph's perplexity over those steps
     may be at most ``1 + max_perplexity_increase`` times FP32's; on random ids they are the FP32 graph's greedy
@@ -468,7 +495,7 @@ def _steps(session, prompt: list[int], count: int, fed: list[int] | None = None)
     return np.stack(rows), tokens
 
 
-def _result(source: Path, target: Path, settings: Int8Settings, check: _Check, outcome: exclusion.SearchOutcome,
+def _result(source: Path, target: Path, settings: Int8Settings, check: TokenCheck, outcome: exclusion.SearchOutcome,
             quantized: int, decode: dict[str, Any] | None, files: dict[str, int], seconds: float) -> TokenQuantizeResult:
     figures = outcome.result
     weights = "per output channel" if settings.per_channel else "per tensor"

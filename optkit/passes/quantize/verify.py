@@ -45,12 +45,14 @@ class Agreement:
 
 
 def outputs(path: str | os.PathLike, batches: Batches, *, threads: int = 1) -> np.ndarray:
-    """The first output of an ONNX model on every batch, stacked, flattened to ``samples × values``."""
+    """The first output of an ONNX model on every batch, stacked, flattened to ``samples × values`` (a batch is
+    the model's one input, or a feed of every input by name)."""
     from optkit.runtime.onnxrt import onnx_session
 
     s = onnx_session(path, threads, spinning=False)
     name = s.get_inputs()[0].name
-    return np.concatenate([s.run(None, {name: x})[0].reshape(len(x), -1) for x in batches.inputs])
+    feeds = [x if isinstance(x, dict) else {name: x} for x in batches.inputs]
+    return np.concatenate([s.run(None, feed)[0].reshape(len(next(iter(feed.values()))), -1) for feed in feeds])
 
 
 def agreement(fp32: np.ndarray, int8: np.ndarray, labels: np.ndarray | None = None) -> Agreement:

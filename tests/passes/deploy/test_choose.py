@@ -152,18 +152,48 @@ def _token_model_onnx(path):
     return path
 
 
-def test_a_token_model_is_deployed_with_onnx_runtime_and_openvino_refused_in_one_line(tmp_path, set_times):
-    """OpenVINO's path here feeds one input: a model of token ids and a mask is refused there, with the input
-    names, and ONNX Runtime still deploys it."""
+def test_openvino_takes_a_model_of_token_ids_and_a_mask(tmp_path, set_times):
+    """A two-input file (token ids and a mask) converts to OpenVINO and is checked against ONNX Runtime on example
+    inputs for both inputs; a faster OpenVINO fp32 is then chosen."""
     pytest.importorskip("openvino")
     source = _token_model_onnx(tmp_path / "model.onnx")
-    set_times({BASELINE: 10.0, ("onnxruntime", "fp32"): 10.0})
+    set_times({BASELINE: 10.0, ("onnxruntime", "fp32"): 10.0, ("openvino", "fp32"): 8.0})
     settings = DeploySettings(candidates=("onnxruntime-fp32", "openvino-fp32"), threads=1, batch=1)
 
     result = choose_deployment(source, settings, input_shape=(1, 8))
 
-    assert (result.runtime, result.precision, result.path) == ("onnxruntime", "fp32", "model.onnx")
-    refused = {c["name"]: c for c in result.candidates}["openvino-fp32"]
-    assert refused["status"] == "refused" and "\n" not in refused["reason"]
-    assert "2 (input_ids, attention_mask)" in refused["reason"] and "ONNX Runtime" in refused["reason"]
+    assert (result.runtime, result.precision, result.path) == ("openvino", "fp32", "model.xml")
+    check = {c["name"]: c for c in result.candidates}["openvino-fp32"]["check"]
+    assert check["agreement"] == 1.0 and check["checked_on"] == "random"
+    assert [p.get_any_name() for p in ov.read(tmp_path / "model.xml").inputs] == ["input_ids", "attention_mask"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bin", "model.onnx", "model.xml"]
+
+
+def test_lower_openvino_precisions_of_a_two_input_model_need_random_calibration(tmp_path):
+    """Image data cannot feed token ids and a mask: bf16/INT8 of such a file are refused in one line naming the
+    inputs, and checked on example inputs with --random-calibration."""
+    pytest.importorskip("openvino")
+    from optkit.core.errors import DataError
+    from optkit.passes.deploy import openvino_ir
+
+    source = _token_model_onnx(tmp_path / "model.onnx")
+    with pytest.raises(DataError, match=r"^model.onnx takes 2 inputs \(input_ids, attention_mask\): OpenVINO int8 "):
+        openvino_ir(source, tmp_path / "model.xml", "int8", DeploySettings(calib_data="fashion-mnist"),
+                    input_shape=(1, 8))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+    result = openvino_ir(source, tmp_path / "model.xml", "int8", DeploySettings(random_calibration=True,
+                                                                                min_agreement=0.0),
+                         input_shape=(1, 8))
+    assert result.checked_on == "random" and result.samples == 2 and (tmp_path / "model.bin").is_file()
+
+
+def test_a_weight_only_candidate_named_for_an_image_model_is_listed_as_unavailable(onnx_copy, set_times):
+    set_times({BASELINE: 10.0, ("onnxruntime", "fp32"): 10.0})
+    settings = DeploySettings(candidates="onnxruntime-w4,onnxruntime-fp32", threads=1)
+    assert settings.candidates == ("onnxruntime-fp32", "onnxruntime-w4")
+    result = choose_deployment(onnx_copy, settings, input_shape=SHAPE)
+    w4 = {c["name"]: c for c in result.candidates}["onnxruntime-w4"]
+    assert (w4["status"], w4["reason"]) == ("unavailable", "onnxruntime-w4 is for language models (weight-only "
+                                                           "quantization)")
+    with pytest.raises(ValueError, match="deployment candidates must be names among onnxruntime-fp32, .*openvino-w4"):
+        DeploySettings(candidates="onnxruntime-int2")

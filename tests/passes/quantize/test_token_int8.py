@@ -25,8 +25,8 @@ from optkit.export import decode
 from optkit.export.onnx import export_onnx
 from optkit.passes.quantize import Int8Settings
 from optkit.passes.quantize.passes import Int8, decode_int8_path, quantize_exported
+from tests.support.trained_lm import trained_lm
 
-WORDS = "the model prunes heads and channels of a small network while its text keeps meaning".split()
 LENGTH = 32
 SHAPE = (1, LENGTH)
 #: A weight this large sets every INT8 scale of its layer so coarse that the layer's ordinary weights round to zero.
@@ -35,56 +35,10 @@ OUTLIER = 1000.0
 DECODE_MS = (2.0, 1.6)
 
 
-def _corpus(folder: Path) -> None:
-    for i in range(40):
-        lines = [" ".join(WORDS[(i * 5 + j * 3 + k) % len(WORDS)] for k in range(8)) for j in range(5)]
-        (folder / f"doc{i:02d}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def _tokenizer(texts: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<eos>")
-
-
-def _train(model, ids: torch.Tensor, mask: torch.Tensor, steps: int = 60) -> None:
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
-    labels = ids.masked_fill(mask == 0, -100)
-    model.train()
-    for _ in range(steps):
-        optimizer.zero_grad()
-        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        optimizer.step()
-    model.eval()
-
-
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory) -> tuple[Path, Path]:
     """A trained tiny Llama ``save_pretrained`` folder with its tokenizer, and the folder of text it learned."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from optkit.data.text import token_blocks
-
-    root = tmp_path_factory.mktemp("token-int8")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    _corpus(corpus)
-    folder = root / "lm"
-    _tokenizer([p.read_text() for p in sorted(corpus.iterdir())]).save_pretrained(str(folder))
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
-    blocks = token_blocks(str(corpus), "train", folder, LENGTH, vocab_size=300, max_positions=64)
-    _train(model, blocks.input_ids[:16], blocks.attention_mask[:16])
-    model.save_pretrained(str(folder))
-    return folder, corpus
+    return trained_lm(tmp_path_factory.mktemp("token-int8"), LENGTH)
 
 
 def _load(folder: Path, *, sensitive: bool = False):
