@@ -136,30 +136,41 @@ def _entry_point_sources() -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def _builtin_sources() -> dict[str, str]:
+    return registered_in_source(sorted(_PASSES_DIR.rglob("*.py")), "register_pass", "pass")
+
+
+def registered_in_source(paths: list[Path], decorator: str, what: str) -> dict[str, str]:
+    """``name -> "optkit.module:Class"`` for every class in ``paths`` (files of the optkit package, read as text,
+    not imported) decorated with ``decorator``, by the literal ``name = "..."`` of its body.
+
+    Raises:
+        RuntimeError: two such classes with one name, or one without a literal name.
+    """
+    package_dir = Path(__file__).resolve().parent.parent
     found: dict[str, str] = {}
-    for path in sorted(_PASSES_DIR.rglob("*.py")):
-        module = "optkit." + ".".join(path.relative_to(_PASSES_DIR.parent).with_suffix("").parts)
+    for path in paths:
+        module = "optkit." + ".".join(path.resolve().relative_to(package_dir).with_suffix("").parts)
         for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
-            if isinstance(node, ast.ClassDef) and any(_is_register(d) for d in node.decorator_list):
-                name = _class_name_attribute(node)
+            if isinstance(node, ast.ClassDef) and any(_is_decorator(d, decorator) for d in node.decorator_list):
+                name = _class_name_attribute(node, what)
                 if name in found:
-                    raise RuntimeError(f"two built-in passes are named {name!r}: {found[name]} and {module}:{node.name}")
+                    raise RuntimeError(f"two built-in {what}s are named {name!r}: {found[name]} and {module}:{node.name}")
                 found[name] = f"{module}:{node.name}"
     return found
 
 
-def _is_register(decorator: ast.expr) -> bool:
-    return (isinstance(decorator, ast.Name) and decorator.id == "register_pass") or (
-        isinstance(decorator, ast.Attribute) and decorator.attr == "register_pass")
+def _is_decorator(decorator: ast.expr, name: str) -> bool:
+    return (isinstance(decorator, ast.Name) and decorator.id == name) or (
+        isinstance(decorator, ast.Attribute) and decorator.attr == name)
 
 
-def _class_name_attribute(node: ast.ClassDef) -> str:
+def _class_name_attribute(node: ast.ClassDef, what: str) -> str:
     for item in node.body:
         targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
         value = getattr(item, "value", None)
         if any(isinstance(t, ast.Name) and t.id == "name" for t in targets) and isinstance(value, ast.Constant):
             return str(value.value)
-    raise RuntimeError(f"registered pass class {node.name} has no literal name = '...' attribute")
+    raise RuntimeError(f"registered {what} class {node.name} has no literal name = '...' attribute")
 
 
 @lru_cache(maxsize=None)

@@ -13,7 +13,6 @@ imported. Kinds come from three sources, read on first use:
 
 from __future__ import annotations
 
-import ast
 import fnmatch
 import importlib
 from functools import lru_cache
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from optkit.core.errors import OptkitError
+from optkit.core.registry import registered_in_source
 from optkit.kinds.base import KIND_ATTRIBUTE, ModelKind
 
 if TYPE_CHECKING:
@@ -63,30 +63,8 @@ def builtin_kinds() -> list[str]:
 @lru_cache(maxsize=1)
 def _builtin_sources() -> dict[str, str]:
     """Each built-in kind's name mapped to its module: the ``@register_kind`` classes of ``optkit/kinds/*.py``."""
-    found: dict[str, str] = {}
-    for path in sorted(_KINDS_DIR.glob("*.py")):
-        module = f"{__package__}.{path.stem}"
-        for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
-            if isinstance(node, ast.ClassDef) and any(_is_register(d) for d in node.decorator_list):
-                name = _class_name_attribute(node)
-                if name in found:
-                    raise RuntimeError(f"two built-in kinds are named {name!r}: in {found[name]} and {module}")
-                found[name] = module
-    return found
-
-
-def _is_register(decorator: ast.expr) -> bool:
-    return (isinstance(decorator, ast.Name) and decorator.id == "register_kind") or (
-        isinstance(decorator, ast.Attribute) and decorator.attr == "register_kind")
-
-
-def _class_name_attribute(node: ast.ClassDef) -> str:
-    for item in node.body:
-        targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
-        value = getattr(item, "value", None)
-        if any(isinstance(t, ast.Name) and t.id == "name" for t in targets) and isinstance(value, ast.Constant):
-            return str(value.value)
-    raise RuntimeError(f"registered kind class {node.name} has no literal name = '...' attribute")
+    found = registered_in_source(sorted(_KINDS_DIR.glob("*.py")), "register_kind", "kind")
+    return {name: target.partition(":")[0] for name, target in found.items()}
 
 
 @lru_cache(maxsize=1)
