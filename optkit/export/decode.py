@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import ExportError, first_line
+from optkit.export.symbolics import exporter_symbolics
 
 if TYPE_CHECKING:
     import numpy as np
@@ -184,8 +185,9 @@ def export_decode(model: nn.Module, path: str | os.PathLike, *, opset: int = 17,
         try:
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
-                torch.onnx.export(step, tuple(trace), str(out), input_names=inputs, output_names=outputs,
-                                  dynamic_axes=dynamic, opset_version=opset, dynamo=False)
+                with exporter_symbolics(opset):
+                    torch.onnx.export(step, tuple(trace), str(out), input_names=inputs, output_names=outputs,
+                                      dynamic_axes=dynamic, opset_version=opset, dynamo=False)
         except Exception as e:
             raise ExportError(f"the decode step of {type(model).__name__} did not export ({first_line(e)}); "
                               "nothing was written") from e

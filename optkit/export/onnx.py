@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import ExportError, OptkitError, first_line
+from optkit.export.symbolics import exporter_symbolics
 
 if TYPE_CHECKING:
     import onnx
@@ -350,14 +351,26 @@ def _run_exporter(model: nn.Module, path: Path, shape: tuple[int, ...], exporter
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
             if dynamic_batch:
-                kwargs["dynamic_shapes"] = tuple({dim: torch.export.Dim(name, min=1, max=1 << 16)
-                                                  for dim, name in axes[input_name].items()}
-                                                 for input_name in input_names)
+                kwargs["dynamic_shapes"] = _by_signature(module, tuple(
+                    {dim: torch.export.Dim(name, min=1, max=1 << 16) for dim, name in axes[input_name].items()}
+                    for input_name in input_names))
             torch.onnx.export(module, args, str(path), dynamo=True, external_data=True, **kwargs)
         else:
             if dynamic_batch:
                 kwargs["dynamic_axes"] = axes
-            torch.onnx.export(module, args, str(path), dynamo=False, do_constant_folding=True, **kwargs)
+            with exporter_symbolics(opset):
+                torch.onnx.export(module, args, str(path), dynamo=False, do_constant_folding=True, **kwargs)
+
+
+def _by_signature(module: nn.Module, shapes: tuple[dict, ...]) -> tuple:
+    """Per-input dynamic shapes as ``torch.export`` matches them to ``module.forward``: one entry per parameter,
+    so inputs taken by ``*tensors`` (a kind's export view) are one tuple."""
+    import inspect
+
+    parameters = list(inspect.signature(module.forward).parameters.values())
+    if parameters and parameters[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return (shapes,)
+    return shapes
 
 
 def _store_weights_fp16(proto: onnx.ModelProto) -> None:
