@@ -64,3 +64,14 @@ def test_a_unit_is_one_only_when_its_heads_lie_in_blocks():
     x = torch.randn(2, 5, 32)
     assert [u.name for u in find_interiors(nn.Sequential(_Blocked()), [x])] == ["0"]
     assert find_interiors(nn.Sequential(_Interleaved()), [x]) == []
+
+
+@pytest.mark.parametrize("width, num_heads", [(32, 4), (64, 8), (36, 6)], ids=["4x8", "8x8", "6x6"])
+def test_heads_interleaved_dim_major_are_told_from_blocks_even_when_the_head_count_equals_the_head_width(width,
+                                                                                                         num_heads):
+    """With as many heads as dims per head, a dim-major layout maps onto blocks by swapping heads and dims: only
+    a different order of dims in each head (not one shared order) tells the two apart."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, width)
+    assert [u.name for u in find_interiors(nn.Sequential(_Blocked(width, num_heads)), [x])] == ["0"]
+    assert find_interiors(nn.Sequential(_Interleaved(width, num_heads)), [x]) == []
