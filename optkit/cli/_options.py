@@ -23,11 +23,13 @@ def parse_shape(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def model_options(input_shape_help: str = "Example input shape, e.g. 1,3,224,224.") -> Callable:
-    """How a MODEL argument is read: ``--input-shape``, ``--seq-len``, ``--kind``, ``--num-classes``, ``--arch``, ``--trust``.
+    """How a MODEL argument is read: ``--input-shape``, ``--seq-len``, ``--kind``, ``--num-classes``, ``--arch``,
+    ``--trust``, ``--random-weights``.
 
     ``--seq-len L`` is the token-model form of ``--input-shape 1,L``; ``--kind`` names the
-    model's kind for every model the command loads. The command receives neither: it gets
-    ``input_shape`` and loads with :func:`optkit.io.models.load` as usual. The ``--kind`` help lists
+    model's kind and ``--random-weights`` allows a Hugging Face folder without weights, for every model the
+    command loads. The command receives none of the three: it gets ``input_shape`` and loads with
+    :func:`optkit.io.models.load` as usual. The ``--kind`` help lists
     optkit's own kinds from the kind registry.
     """
     from optkit.kinds import builtin_kinds
@@ -43,14 +45,17 @@ def model_options(input_shape_help: str = "Example input shape, e.g. 1,3,224,224
                                     "package.module:Class."),
         click.option("--trust", is_flag=True,
                      help="Allow full unpickling (runs code from the file): only for files you trust."),
+        click.option("--random-weights", is_flag=True,
+                     help="Build a Hugging Face folder that holds config.json and no weights with random weights "
+                          "(refused otherwise: its results would mean nothing)."),
     ]
     add_options = with_options(options)
 
     def decorate(command: Callable) -> Callable:
         @functools.wraps(command)
-        def run(*args, seq_len: int | None = None, kind: str | None = None, **kwargs):
+        def run(*args, seq_len: int | None = None, kind: str | None = None, random_weights: bool = False, **kwargs):
             from optkit.core.errors import OptkitError
-            from optkit.io.models import requested_kind
+            from optkit.io.models import random_weights_allowed, requested_kind
             from optkit.kinds import get_kind
 
             if seq_len is not None:
@@ -62,7 +67,7 @@ def model_options(input_shape_help: str = "Example input shape, e.g. 1,3,224,224
                     get_kind(kind)
                 except OptkitError as e:
                     raise click.BadParameter(str(e), param_hint="--kind") from None
-            with requested_kind(kind):
+            with requested_kind(kind), random_weights_allowed(random_weights):
                 return command(*args, **kwargs)
 
         return add_options(run)

@@ -98,25 +98,41 @@ def build_from_config(folder: str | os.PathLike, config: dict[str, Any] | None =
         raise ModelLoadError(f"cannot build {cls.__name__} from {folder / CONFIG} ({reason})") from e
 
 
-def load_folder(folder: str | os.PathLike, *, trust: bool = False) -> tuple[nn.Module, list[str]]:
+def load_folder(folder: str | os.PathLike, *, trust: bool = False,
+                random_weights: bool = False) -> tuple[nn.Module, list[str]]:
     """The folder's model with its weights, loaded by its ``transformers`` class (which also maps the weight
     names a version of transformers renamed), and what the user should know.
 
+    Args:
+        folder: a ``save_pretrained`` folder.
+        trust: allow weights stored only as a pickle.
+        random_weights: build a folder that holds a config and no weights with random weights (``--random-weights``)
+            instead of refusing it.
+
     Returns:
-        the model (eval mode) and notes: a folder without weights gives random weights, and says so.
+        the model (eval mode) and notes: a folder without weights built with ``random_weights`` says so.
 
     Raises:
         UntrustedPickleError: for weights stored only as a pickle, without ``trust``.
-        ModelLoadError: for weights that do not fit the config (the counts of missing,
+        ModelLoadError: for a folder without weights (unless ``random_weights``), shards without the index that
+            lists them or missing from it, weights that do not fit the config (the counts of missing,
             unexpected and mis-shaped keys, with examples) or files transformers cannot read.
     """
+    from optkit.io.weights import mark_random_weights
+
     folder = Path(folder)
+    _check_shards(folder)
     has_safetensors = (folder / SAFETENSORS).is_file() or (folder / SAFETENSORS_INDEX).is_file()
     pickled = [name for name in PICKLED if (folder / name).is_file()]
     if not has_safetensors and not pickled:
-        note = (f"{folder} has a config but no weights (model.safetensors): the model has random weights, so "
-                "accuracy figures mean nothing")
-        return build_from_config(folder).eval(), [note]
+        if not random_weights:
+            _class_and_config(folder)  # a config that names no transformers class is refused for that first
+            raise ModelLoadError(f"{folder} has a config.json but no weights ({SAFETENSORS} or its shards), so "
+                                 "nothing was loaded: copy the weights into it, or pass --random-weights to build the "
+                                 "model with random weights")
+        note = (f"{folder} has a config but no weights (model.safetensors): the model has random weights "
+                "(--random-weights), so accuracy figures mean nothing")
+        return mark_random_weights(build_from_config(folder).eval(), note), [note]
     if not has_safetensors and not trust:
         raise UntrustedPickleError(f"{folder} stores its weights only as a pickle ({pickled[0]}); "
                                    "save them with save_pretrained(safe_serialization=True), or pass --trust "
@@ -136,6 +152,30 @@ def load_folder(folder: str | os.PathLike, *, trust: bool = False) -> tuple[nn.M
                              f"{len(counts['unexpected'])} unexpected and {len(counts['mismatched'])} mis-shaped keys "
                              f"(e.g. {'; '.join(examples)})")
     return model.eval(), []
+
+
+def _check_shards(folder: Path) -> None:
+    """Refuse shards of weights that their index does not list whole: an index naming a shard the folder lacks, or
+    shards (``model-00001-of-00004.safetensors``) without the index that lists them."""
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{index} is not a shard index transformers wrote ({first_line(e)})") from e
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder} lacks {len(missing)} of the {len(shards)} weight shards its "
+                                 f"{SAFETENSORS_INDEX} lists ({_some(missing)}); copy them into it")
+    elif not (folder / SAFETENSORS).is_file():
+        shards = sorted(p.name for p in folder.glob("*-of-*.safetensors"))
+        if shards:
+            raise ModelLoadError(f"{folder} holds weight shards ({_some(shards)}) but not the {SAFETENSORS_INDEX} "
+                                 "that lists them; copy it into the folder")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _key(entry: Any) -> str:

@@ -36,12 +36,13 @@ from optkit.io.weights import describe_mismatch, mark_random_weights, read_check
 from optkit.kinds.image import input_channels
 
 __all__ = ["BUILDER_PREFIXES", "ArchSpec", "LoadedModel", "arch_spec", "describe_mismatch", "infer_input_shape",
-           "input_channels", "load", "load_model", "read_checkpoint", "read_safetensors", "requested_kind",
-           "torchvision_names"]
+           "input_channels", "load", "load_model", "random_weights_allowed", "read_checkpoint", "read_safetensors",
+           "requested_kind", "torchvision_names"]
 
 #: Spec prefixes that build an architecture by name (no file needed).
 BUILDER_PREFIXES = ("torchvision:", "timm:")
 _requested_kind: contextvars.ContextVar[str | None] = contextvars.ContextVar("optkit_requested_kind", default=None)
+_random_weights: contextvars.ContextVar[bool] = contextvars.ContextVar("optkit_random_weights", default=False)
 
 @dataclass
 class LoadedModel:
@@ -63,7 +64,7 @@ class LoadedModel:
 
 
 def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int | None = None,
-         trust: bool = False, kind: str | None = None) -> LoadedModel:
+         trust: bool = False, kind: str | None = None, random_weights: bool | None = None) -> LoadedModel:
     """Load a model from a spec, keeping track of its architecture.
 
     Args:
@@ -73,6 +74,8 @@ def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int |
         trust: allow full unpickling (a whole pickled module).
         kind: the model's kind (see :mod:`optkit.kinds`); by default the one
             :func:`requested_kind` set, else inferred from the model.
+        random_weights: build a Hugging Face folder that holds a config and no weights with random
+            weights instead of refusing it (by default as :func:`random_weights_allowed` set, else no).
 
     Returns:
         the model and how to rebuild it.
@@ -83,7 +86,8 @@ def load(spec: str | os.PathLike, *, arch: str | None = None, num_classes: int |
     """
     from optkit.kinds import set_kind
 
-    loaded = _load(spec, arch=arch, num_classes=num_classes, trust=trust)
+    allowed = _random_weights.get() if random_weights is None else random_weights
+    loaded = _load(spec, arch=arch, num_classes=num_classes, trust=trust, random_weights=allowed)
     named = kind if kind is not None else _requested_kind.get()
     if named is not None:
         set_kind(loaded.model, named)
@@ -100,7 +104,19 @@ def requested_kind(kind: str | None) -> Iterator[None]:
         _requested_kind.reset(token)
 
 
-def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None, trust: bool) -> LoadedModel:
+@contextlib.contextmanager
+def random_weights_allowed(allowed: bool) -> Iterator[None]:
+    """While active, every :func:`load` without ``random_weights=`` builds a folder without weights with random
+    weights when ``allowed`` (``--random-weights``), and refuses it otherwise."""
+    token = _random_weights.set(allowed)
+    try:
+        yield
+    finally:
+        _random_weights.reset(token)
+
+
+def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None, trust: bool,
+          random_weights: bool) -> LoadedModel:
     from optkit.io import hf
 
     text = os.fspath(spec)
@@ -109,7 +125,7 @@ def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None,
         if arch is not None:
             raise ModelLoadError(f"--arch is only for state_dict files; {text} holds config.json, which names the "
                                  "architecture")
-        return _load_hf_folder(folder, trust=trust)
+        return _load_hf_folder(folder, trust=trust, random_weights=random_weights)
     if text.startswith(BUILDER_PREFIXES) and not Path(text).exists():
         if arch is not None:
             raise ModelLoadError(f"--arch is only for state_dict files; {text} already names the architecture")
@@ -144,10 +160,10 @@ def _load(spec: str | os.PathLike, *, arch: str | None, num_classes: int | None,
     return LoadedModel(model, architecture, text)
 
 
-def _load_hf_folder(folder: Path, *, trust: bool) -> LoadedModel:
+def _load_hf_folder(folder: Path, *, trust: bool, random_weights: bool) -> LoadedModel:
     from optkit.io import hf
 
-    model, notes = hf.load_folder(folder, trust=trust)
+    model, notes = hf.load_folder(folder, trust=trust, random_weights=random_weights)
     return LoadedModel(model, ArchSpec(f"{hf.HF_PREFIX}{folder}"), str(folder), notes=notes)
 
 

@@ -47,13 +47,45 @@ def test_a_folder_loads_with_its_class_weights_and_tied_embeddings(folders):
         assert torch.equal(sharded.model(_ids()).logits, bert(_ids()).logits)
 
 
-def test_a_config_without_weights_builds_random_weights_and_says_so(folders, tmp_path):
+def test_a_config_without_weights_is_refused_unless_random_weights_are_asked_for(folders, tmp_path):
+    from optkit.io.weights import random_weights
+
     root, _, _ = folders
-    (tmp_path / "config.json").write_text((root / "llama" / "config.json").read_text())
-    loaded = load(f"hf:{tmp_path}")
-    assert type(loaded.model) is LlamaForCausalLM
-    assert loaded.notes == [f"{tmp_path} has a config but no weights (model.safetensors): the model has random "
-                            "weights, so accuracy figures mean nothing"]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((root / "llama" / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="has a config.json but no weights .* pass --random-weights") as error:
+        load(f"hf:{bare}")
+    assert "\n" not in str(error.value)
+    loaded = load(bare, random_weights=True)
+    assert type(loaded.model) is LlamaForCausalLM and random_weights(loaded.model)
+    assert loaded.notes == [f"{bare} has a config but no weights (model.safetensors): the model has random weights "
+                            "(--random-weights), so accuracy figures mean nothing"]
+
+    out = tmp_path / "out"
+    refused = CliRunner().invoke(main, ["optimize", str(bare), "--prune", "0.3", "--seq-len", "8", "--out", str(out)])
+    assert refused.exit_code != 0 and refused.output.count("\n") == 1, refused.output
+    assert refused.output.startswith("Error: ") and "--random-weights" in refused.output
+    assert not out.exists()  # nothing written, not even the folder
+    allowed = CliRunner().invoke(main, ["inspect", str(bare), "--seq-len", "8", "--random-weights"])
+    assert allowed.exit_code == 0, allowed.output
+
+
+def test_shards_missing_from_their_index_or_without_it_are_refused(folders, tmp_path):
+    import shutil
+
+    root, _, _ = folders
+    shards = sorted(p.name for p in (root / "bert").glob("model-*.safetensors"))
+    partial = tmp_path / "partial"
+    shutil.copytree(root / "bert", partial)
+    (partial / shards[-1]).unlink()
+    with pytest.raises(ModelLoadError, match=f"lacks 1 of the {len(shards)} weight shards .*{shards[-1]}"):
+        load(partial)
+    unlisted = tmp_path / "unlisted"
+    shutil.copytree(root / "bert", unlisted)
+    (unlisted / "model.safetensors.index.json").unlink()
+    with pytest.raises(ModelLoadError, match="holds weight shards .* but not the model.safetensors.index.json"):
+        load(unlisted, random_weights=True)
 
 
 def test_refusals_are_one_line(folders, tmp_path):
