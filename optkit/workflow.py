@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from optkit.export.onnx import export_onnx, weights_sizes
 from optkit.io import checkpoint, confirmed
 from optkit.io.hf import PRETRAINED_FILES
 from optkit.io.models import LoadedModel
-from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty
+from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty, scratch_folder
 from optkit.kinds import ModelKind, kind_of
 from optkit.passes.deploy.passes import OPENVINO_FILES
 from optkit.runtime.openvino import missing_note as missing_openvino_note
@@ -161,10 +160,13 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
         weights_before = weights_sizes(loaded.model) if exports and main else None
         channels = {"before": layer_channels(loaded.model)}
         timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
-        with tempfile.TemporaryDirectory(prefix="optkit-original-") as scratch:
-            original_onnx = (_export_original(loaded.model, Path(scratch), pipeline.input_shape)
-                             if exports and latency is not False and main else None)
-            generation = (_generation_probe(loaded, scorer, Path(scratch) if original_onnx is not None else None)
+        # The original's ONNX files live in a hidden folder of the output folder, removed however the run ends
+        # (the next run removes one a SIGKILL left); only the main process of a run that exports writes them.
+        exports_original = exports and latency is not False and main
+        with scratch_folder(out, "original") if exports_original else contextlib.nullcontext() as scratch:
+            original_onnx = (_export_original(loaded.model, scratch, pipeline.input_shape)
+                             if exports_original else None)
+            generation = (_generation_probe(loaded, scorer, scratch if original_onnx is not None else None)
                           if latency is not False and main else None)
             return _run_and_write(loaded, pipeline, context, on_pass=on_pass, scorer=scorer,
                                   weights_before=weights_before, channels=channels, timings=timings,
