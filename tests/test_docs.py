@@ -9,9 +9,12 @@ temporary folder (so later blocks see the files earlier ones wrote):
   few plain shell commands (``ls``, ``cat``, ``head``, ``mkdir``);
 * ``toml`` blocks that hold ``[[pass]]`` tables are parsed as recipes.
 
-Two HTML comments (invisible on the site), on the line just before a block,
+HTML comments (invisible on the site), on the line just before a block,
 change that: ``<!-- docs-test: skip (why) -->`` (not run; the reason is
-required) and ``<!-- docs-test: write FILE -->`` (saved as FILE instead of run).
+required), ``<!-- docs-test: write FILE -->`` (saved as FILE instead of run)
+and ``<!-- docs-test: cheap (why) -->`` (a block too long to run as written:
+not run here; tests/docs/test_every_line.py runs its lines in their cheap
+forms, in document order with every other documented line).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from click.testing import CliRunner
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
-MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<action>skip|write)\b\s*(?P<arg>.*?)\s*-->\s*$")
+MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<action>skip|write|cheap)\b\s*(?P<arg>.*?)\s*-->\s*$")
 SHELL_COMMANDS = {"ls", "cat", "head", "mkdir"}
 
 
@@ -101,7 +104,8 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-RUNNABLE = [p for p in pages() if any(b.action != "skip" and b.lang in ("python", "bash", "toml") for b in blocks(p))]
+RUNNABLE = [p for p in pages() if any(b.action not in ("skip", "cheap") and b.lang in ("python", "bash", "toml")
+                                      for b in blocks(p))]
 
 
 #: Pages whose examples take most of a minute (timed deployments, exports of several models): the slow tier runs them.
@@ -119,7 +123,7 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
     namespace = module.__dict__
     for block in blocks(page):
         where = f"{page_id(page)}:{block.line}"
-        if block.action == "skip":
+        if block.action in ("skip", "cheap"):
             continue
         if block.action == "write":
             assert block.arg, f"{where}: docs-test: write needs a file name"
@@ -144,7 +148,8 @@ def test_blocks_are_parsed_and_markers_are_known():
             if "docs-test" in line:
                 marker = MARKER.search(line)
                 assert marker, f"{page_id(page)}: unknown docs-test marker {line.strip()!r}"
-                assert marker["arg"], f"{page_id(page)}: {line.strip()!r} needs a reason (skip) or a file name (write)"
+                assert marker["arg"], (f"{page_id(page)}: {line.strip()!r} needs a reason (skip, cheap) or a file "
+                                       "name (write)")
 
 
 def test_cli_reference_is_current():

@@ -1,10 +1,18 @@
-"""The shell lines of README.md and docs/**/*.md that run optkit, make or torchrun, and their cheap forms.
+"""The code blocks and shell lines of README.md and docs/**/*.md, in reading order, and their cheap forms.
 
 A documented line is run by the tests either as written or in a cheap form:
 the same command with the documented flags that make it small (fewer steps,
 samples, repeats; a small input for a torchvision model). :func:`cheap_form`
 makes that rewrite mechanically, so what runs is what the docs say plus
-flags that only shrink the work.
+flags that only shrink the work. A line runs in its cheap form only when its
+block says so, on the line just before it (invisible on the site):
+``<!-- docs-test: cheap (why) -->``. ``<!-- docs-test: skip (why) -->`` keeps
+a block from running (its optkit, make and torchrun lines must then name the
+test that runs them in :data:`COVERED_ELSEWHERE`), and ``<!-- docs-test:
+write FILE -->`` saves a block as FILE.
+
+Reading order (:func:`reading_order`) is how a new user meets the pages: the
+README, then the site's pages in the order of ``mkdocs.yml``'s nav.
 """
 
 from __future__ import annotations
@@ -16,12 +24,46 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
+MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<action>skip|write|cheap)\b\s*(?P<arg>.*?)\s*-->\s*$")
 SKIP = re.compile(r"<!--\s*docs-test:\s*skip\b")
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 PROGRAMS = {"optkit", "make", "torchrun"}
 SYNTHETIC_FASHION = "synthetic:256:1x28x28:10"
 #: The input and classifier a torchvision model gets in a cheap run when the line names none.
 SMALL_INPUT = ["--input-shape", "1,3,32,32", "--num-classes", "10"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block.
+
+    Attributes:
+        page: the file, relative to the repository root.
+        line: the line of its opening fence.
+        lang: the fence's language (``bash``, ``python``, ``toml``...).
+        body: its text, dedented to the fence.
+        action: its ``docs-test`` marker's action (``skip``, ``write``, ``cheap``), or ``None``.
+        arg: the marker's argument (the reason, or the file name of ``write``).
+    """
+
+    page: str
+    line: int
+    lang: str
+    body: str
+    action: str | None = None
+    arg: str = ""
+
+    @property
+    def is_shell(self) -> bool:
+        return self.lang in SHELL_LANGS
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    def lines(self) -> list[DocLine]:
+        """Its shell commands (comments dropped, continuations joined), as :class:`DocLine` s."""
+        return [DocLine(self.page, self.line, command, self.action) for command in _commands(self.body)]
 
 
 @dataclass(frozen=True)
@@ -32,14 +74,34 @@ class DocLine:
         page: the file, relative to the repository root (``README.md``, ``docs/faq.md``).
         line: the line of the code block's opening fence.
         command: the command, comments dropped and continuations joined.
-        skipped: whether its block carries a ``<!-- docs-test: skip (...) -->`` marker
-            (``tests/test_docs.py`` runs every other block of ``docs/``).
+        action: its block's ``docs-test`` marker (``skip``, ``cheap``), or ``None``: run as written
+            (``tests/test_docs.py`` runs every unmarked block of ``docs/``; tests/docs/test_every_line.py runs
+            every line but the skipped ones, in reading order).
     """
 
     page: str
     line: int
     command: str
-    skipped: bool
+    action: str | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.action == "skip"
+
+    @property
+    def cheap(self) -> bool:
+        return self.action == "cheap"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The ``NAME=value`` settings the command starts with."""
+        env = {}
+        for word in shlex.split(self.command):
+            if not re.fullmatch(r"[A-Z_]+=.*", word):
+                break
+            key, _, value = word.partition("=")
+            env[key] = value
+        return env
 
     @property
     def words(self) -> list[str]:
@@ -59,22 +121,53 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def documented_lines() -> list[DocLine]:
-    """Every shell line of :func:`pages` that runs ``optkit``, ``make`` or ``torchrun``, in page order."""
+def reading_order() -> list[Path]:
+    """README.md, then the pages of ``mkdocs.yml``'s nav in its order, then any other page under docs/."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    docs = ROOT / config.get("docs_dir", "docs")
+
+    def walk(entries) -> list[str]:
+        found = []
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if isinstance(entry, dict):
+                for value in entry.values():
+                    found += walk(value)
+            elif isinstance(entry, str) and entry.endswith(".md"):
+                found.append(entry)
+        return found
+
+    nav = [docs / name for name in walk(config.get("nav", []))]
+    return [ROOT / "README.md", *nav, *(p for p in sorted(docs.rglob("*.md")) if p not in nav)]
+
+
+def page_blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a page, with the ``docs-test`` marker on the line before each."""
+    text = page.read_text(encoding="utf-8")
     found = []
-    for page in pages():
-        text = page.read_text(encoding="utf-8")
-        for block in FENCE.finditer(text):
-            if block["lang"] not in SHELL_LANGS:
-                continue
-            before = text[: block.start()].rstrip("\n").splitlines()
-            skipped = bool(before and SKIP.search(before[-1]))
-            start = text.count("\n", 0, block.start()) + 1
-            for command in _commands(block["body"]):
-                line = DocLine(str(page.relative_to(ROOT)), start, command, skipped)
-                if line.words and line.words[0] in PROGRAMS:
-                    found.append(line)
+    for match in FENCE.finditer(text):
+        before = text[: match.start()].rstrip("\n").splitlines()
+        marker = MARKER.search(before[-1]) if before else None
+        body = "\n".join(line[len(match["indent"]):] for line in match["body"].splitlines())
+        found.append(Block(str(page.relative_to(ROOT)), text.count("\n", 0, match.start()) + 1, match["lang"], body,
+                           marker["action"] if marker else None, marker["arg"] if marker else ""))
     return found
+
+
+def blocks_in_order() -> list[Block]:
+    """Every code block of README.md and docs/, in :func:`reading_order`."""
+    return [block for page in reading_order() for block in page_blocks(page)]
+
+
+def shell_lines() -> list[DocLine]:
+    """Every command of every shell block, in :func:`reading_order`."""
+    return [line for block in blocks_in_order() if block.is_shell for line in block.lines()]
+
+
+def documented_lines() -> list[DocLine]:
+    """Every shell line that runs ``optkit``, ``make`` or ``torchrun``, in reading order."""
+    return [line for line in shell_lines() if line.words and line.words[0] in PROGRAMS]
 
 
 def _commands(script: str) -> list[str]:
@@ -115,13 +208,18 @@ def cheap_form(words: list[str], *, fashion: bool) -> list[str]:
 
 
 def promised_files(args: list[str]) -> list[str]:
-    """The files the docs promise a command writes into its ``--out`` folder (or beside ``--onnx``)."""
+    """The files the docs promise a command writes into its ``--out`` folder (or beside ``--onnx``).
+
+    A Hugging Face folder's result is a ``save_pretrained`` folder (``config.json``) instead of ``model.pt``.
+    """
     command = args[0]
     if command == "sensitivity":
         return ["sensitivity.json", "sensitivity.md", "sensitivity.png", "recipe.toml"]
     if command not in ("optimize", "finetune"):
         return []
-    files = ["model.pt", "recipe.toml", "report.json", "report.md"]
+    source = args[1] if len(args) > 1 else ""
+    hf_folder = source.startswith("hf:") or (Path(source) / "config.json").is_file()
+    files = ["config.json" if hf_folder else "model.pt", "recipe.toml", "report.json", "report.md"]
     if command == "optimize":
         files.append("channels.png")
     if "--export" in args:
@@ -160,24 +258,24 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     "make test": ("tests/docs/test_documented_commands.py::test_make_test_runs_the_test_command",),
     "optkit optimize weights.pt --arch torchvision:resnet50 --num-classes 10 --prune 0.3 --out runs/r50": (
         "tests/test_docs.py::test_code_blocks_run",  # getting-started.md: the same line with resnet18 at 64x64
-        "tests/docs/test_readme_commands.py::test_readme_line_runs_as_written"),
+        "tests/docs/test_every_line.py::test_every_line_runs_in_document_order"),
     "optkit optimize model.pt --target-macs 0.5 --allocation sensitivity --calib-data fashion-mnist --out "
     "runs/sens-pruned": (
         "tests/cli/test_sensitivity_cli.py::test_optimize_with_sensitivity_allocation_reports_it",
-        "tests/docs/test_readme_commands.py::test_readme_line_runs_as_written"),
+        "tests/docs/test_every_line.py::test_every_line_runs_in_document_order"),
     "optkit optimize model.pt --target-macs 0.5 --export onnx --int8 --calib-data fashion-mnist --out runs/int8": (
         "tests/cli/test_export_int8.py::test_optimize_export_onnx_int8_runs_and_writes_one_recipe_of_prune_export_int8",
-        "tests/docs/test_readme_commands.py::test_readme_line_runs_as_written"),
+        "tests/docs/test_every_line.py::test_every_line_runs_in_document_order"),
     "optkit optimize torchvision:fasterrcnn_mobilenet_v3_large_320_fpn --num-classes 5 --prune 0.3 --export onnx "
     "--out runs/det": ("tests/kinds/test_builtin_kinds.py::test_detection_by_name_detects_the_same_boxes_after_export",),
-    "optkit optimize hf:models/tiny-llama --prune 0.3 --drop-blocks 1 --seq-len 128 --export onnx --out runs/llm": (
-        "tests/io/test_hf_folder.py::test_optimize_writes_a_folder_the_stock_class_loads",),
-    "optkit optimize lm.pt --arch my_package.models:MyLM --seq-len 128 --prune 0.3 --out runs/lm": (
-        "tests/kinds/test_inference_and_cli.py::test_optimize_prunes_a_token_model_given_as_state_dict_and_arch",),
     "torchrun --nproc_per_node=4 -m optkit optimize model.pt --prune 0.5 --finetune imagefolder:/data/imgs --out "
     "runs/ddp": (
         "tests/passes/finetune/test_distributed.py::test_two_cpu_processes_end_with_identical_weights",
         "tests/passes/finetune/test_distributed.py::test_torchrun_prune_and_finetune_writes_once"),
+    "optkit optimize optkit/demo/python_docs_lm --prune 0.2 --export onnx --deploy --calib-data text --eval text "
+    "--out runs/lm-deploy": (
+        "tests/passes/deploy/test_tokens.py::test_the_cli_deploys_a_language_model_among_its_candidates_and_reports_them",
+        "tests/passes/deploy/test_tokens.py::test_the_shipped_language_model_pruned_and_deployed_among_every_candidate"),
     "torchrun --nproc_per_node 8 -m optkit optimize hf:models/llama-8b --prune 0.3 --finetune text --distill "
     "--sharding fsdp --out runs/llm-fsdp": (
         "tests/passes/finetune/test_fsdp.py::test_fsdp_distillation_on_two_processes_matches_one",

@@ -63,3 +63,35 @@ def test_the_documented_rounding_of_a_ratio_matches_the_shipped_model(tmp_path):
     assert widths == {32: 16, 64: 32}
     assert round(report["ratios"]["macs"], 2) == 0.30
     assert any("not the 30% asked" in note for note in report["notes"])
+
+
+def test_the_readme_quotes_the_committed_recovery_figures():
+    """README's sentence on recovery is accuracy.md's uniform 2x row (#42: it said 92.11% where the file has 92.13%)."""
+    import json
+
+    results = json.loads((ROOT / "benchmarks" / "results" / "accuracy.json").read_text())
+    row = next(r for r in results["rows"] if r["config"] == "structured 2x fewer MACs, uniform")
+    macs = row["macs"] / results["baseline"]["macs"]
+    sentence = (f"a {results['baseline']['test_accuracy']:.2%} baseline pruned to {macs:.2f}× its MACs is back to "
+                f"{row['finetuned']:.2%} after 2 fine-tune epochs")
+    assert sentence in flat(ROOT / "README.md")
+
+
+def test_the_language_model_page_counts_the_test_blocks_the_results_count():
+    import json
+
+    blocks = json.loads((ROOT / "benchmarks" / "results" / "llm.json").read_text())["blocks"]["test"]
+    assert f"on all {blocks:,} test blocks" in flat(DOCS / "techniques" / "language-models.md")
+
+
+def test_a_sensitivity_rerun_is_described_as_it_behaves():
+    """A rerun into the same --out is refused without --force (as for every command); the cache makes it measure
+    nothing again, and the figures quoted are the benchmark's."""
+    import json
+
+    measured = json.loads((ROOT / "benchmarks" / "results" / "sensitivity-resnet18.json").read_text())
+    for page in (ROOT / "README.md", DOCS / "techniques" / "pruning.md"):
+        text = flat(page)
+        assert "a rerun is instant" not in text, page
+        quoted = f"{measured['cached_seconds']:.0f} s instead of {measured['cold_seconds']:.0f} s"
+        assert "`--force`" in text and quoted in text, page

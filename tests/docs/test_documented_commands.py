@@ -1,10 +1,10 @@
-"""No documented command goes untested: each runs here or in tests/test_docs.py, or names the test that runs it (#31).
+"""No documented command goes untested: each runs, or names the test that runs it (#31, #42).
 
-A new optkit, make or torchrun line in README.md or docs/ fails
-:func:`test_every_documented_line_is_run_or_covered` until it runs (a docs
-page's block runs in tests/test_docs.py; a README line or a skipped block's
-line runs in tests/docs/test_readme_commands.py) or is listed in
-:data:`doclines.COVERED_ELSEWHERE` with the test that runs it.
+Every line of README.md and docs/ outside a ``docs-test: skip`` block runs in
+tests/docs/test_every_line.py, in reading order (a docs page's unmarked blocks
+also run page by page in tests/test_docs.py). A new optkit, make or torchrun
+line in a skipped block fails :func:`test_every_documented_line_is_run_or_covered`
+until it is listed in :data:`doclines.COVERED_ELSEWHERE` with the test that runs it.
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ def how_it_runs(line) -> str:
     """Where a documented line runs, or ``""`` when nothing runs it."""
     if line.command in COVERED_ELSEWHERE:
         return COVERED_ELSEWHERE[line.command][0]
-    if line.page == "README.md" or line.skipped:
-        if line.words[0] == "optkit" or line.words == ["make", "demo"]:
-            return "tests/docs/test_readme_commands.py::test_readme_line_runs_in_its_cheap_form"
+    if line.skipped:
         return ""
-    if line.words[0] == "optkit":
+    if line.page != "README.md" and not line.cheap and line.words[0] == "optkit":
         return "tests/test_docs.py::test_code_blocks_run"
-    return ""
+    return "tests/docs/test_every_line.py::test_every_line_runs_in_document_order"
 
 
 def test_every_documented_line_is_run_or_covered():
