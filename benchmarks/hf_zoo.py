@@ -4,7 +4,7 @@ own LLM recipe called directly on the same models, side by side.
 For each model type (tiny config from ``benchmarks/_hf_configs.py``, random weights):
 
 1. the model is built and written with ``save_pretrained``;
-2. ``python -m optkit optimize DIR --prune 0.3 --export onnx --no-latency --seq-len 32 --out OUT`` runs as a
+2. ``python -m optkit optimize DIR --prune 0.3 --export onnx --no-latency --save-pt --seq-len 32 --out OUT`` runs as a
    subprocess (``--input-shape 1,3,32,32`` for the image models);
 3. apart from optkit: the stock ``AutoModelFor…`` class loads OUT with no missing or unexpected keys, its
    logits equal those of ``optkit.load_model(OUT/model.pt)``, parameters and MACs (sequence 128) are compared
@@ -90,7 +90,7 @@ def run_optkit(model_type: str, work: Path, drop_blocks: int, time_limit: float)
     original.save_pretrained(source)
     out = work / "out"
     command = [sys.executable, "-m", "optkit", "optimize", str(source), "--prune", str(RATIO), "--export", "onnx",
-               "--no-latency", *cli_input(model_type), "--out", str(out)]
+               "--no-latency", "--save-pt", *cli_input(model_type), "--out", str(out)]
     if drop_blocks:
         command += ["--drop-blocks", str(drop_blocks)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -306,7 +306,7 @@ def markdown(data: dict) -> str:
         f"{data['torch_pruning']}, onnxruntime {data['onnxruntime']}. Each type: a tiny config "
         "(`benchmarks/_hf_configs.py`: hidden 64 (swin 32), 2 blocks (swin 2+2), 4 heads with 2 KV heads where the "
         "type has grouped-query attention, vocabulary 256, random weights) written with `save_pretrained`, then "
-        f"`python -m optkit optimize DIR --prune {RATIO} --export onnx --no-latency --seq-len {SEQ_LEN} --out OUT` "
+        f"`python -m optkit optimize DIR --prune {RATIO} --export onnx --no-latency --save-pt --seq-len {SEQ_LEN} --out OUT` "
         f"(`--input-shape 1,3,{IMAGE_SIZE},{IMAGE_SIZE}` for vit and swin). Checked here, apart from optkit: the "
         "stock `AutoModelFor…` class loads OUT with no missing, unexpected or mis-shaped keys and is the input's "
         f"class; its logits equal `optkit.load_model(OUT/model.pt)`'s (max |diff| ≤ {LOGITS_ATOL:g}); parameters "

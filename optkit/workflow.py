@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,18 +17,24 @@ from optkit.analysis.report import CHANNELS_PLOT, build_report, plot_channels, t
 from optkit.core.context import RunContext
 from optkit.core.errors import OptkitError
 from optkit.core.forms import TORCH
+from optkit.core.memory import METHOD as MEMORY_METHOD
+from optkit.core.memory import PeakRss, peak_rss
 from optkit.core.pipeline import Pipeline
 from optkit.export.onnx import export_onnx, weights_sizes
 from optkit.io import checkpoint, confirmed
 from optkit.io.hf import PRETRAINED_FILES
 from optkit.io.models import LoadedModel
-from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty
+from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty, scratch_folder
 from optkit.kinds import ModelKind, kind_of
+from optkit.kinds.base import eval_progress
 from optkit.passes.deploy.passes import OPENVINO_FILES
 from optkit.runtime.openvino import missing_note as missing_openvino_note
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
-EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.int8.onnx", *OPENVINO_FILES)
+#: The slimmed checkpoint: written for models no stock class describes, or when asked (``save_pt``).
+CHECKPOINT_FILE = "model.pt"
+EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.decode.onnx", "model.decode.onnx.data", "model.int8.onnx",
+                *OPENVINO_FILES)
 #: Every file a run may write (a transformer is also written as a save_pretrained folder).
 RUN_FILES = OUTPUT_FILES + EXPORT_FILES + PRETRAINED_FILES
 #: Below this many ms per batch-1 call, ONNX Runtime's own per-call cost is a large part of the time, so
@@ -110,9 +115,15 @@ def check_data(pipeline: Pipeline) -> None:
 
 def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike, *, force: bool = False,
              on_pass: Callable[[int, int, str], None] | None = None, latency: bool | None = None,
-             evaluation: EvalSettings | None = None, resume: bool = False, teacher=None) -> dict[str, Any]:
-    """Run ``pipeline`` on a loaded model and write ``model.pt``, ``recipe.toml``, ``report.json``, ``report.md``
+             evaluation: EvalSettings | None = None, resume: bool = False, teacher=None,
+             save_pt: bool = False) -> dict[str, Any]:
+    """Run ``pipeline`` on a loaded model and write the result, ``recipe.toml``, ``report.json``, ``report.md``
     and ``channels.png`` (output channels per layer, before and after).
+
+    The result is written once: a Hugging Face model whose stock class describes it is a ``save_pretrained``
+    folder (config, safetensors in the model's dtype, sharded above :data:`optkit.io.hf.MAX_SHARD_SIZE` with
+    its index, tokenizer); any other model, or with ``save_pt``, also (or only) ``model.pt``, the slimmed
+    checkpoint. The report records each stage's peak memory (``memory``, and ``peak_rss_mb`` per pass).
 
     All files appear together at the end, or none do (a failure leaves
     ``out_dir`` as it was). In a distributed run only rank 0 writes. The passes
@@ -148,27 +159,91 @@ def optimize(loaded: LoadedModel, pipeline: Pipeline, out_dir: str | os.PathLike
     # write is removed when its results are published (see StagedOutputs).
     created = main and not Path(out_dir).exists()
     out = prepare_output_dir(out_dir, RUN_FILES, force=force) if main else Path(out_dir)
+    stages = StageMemory()
     # A run refused before it writes anything leaves no empty folder behind.
     with removed_if_left_empty(out, created=created):
-        check_runs(loaded, pipeline.input_shape, origin=pipeline.input_shape_origin)
-        check_data(pipeline)
-        scorer = (Scorer(evaluation, loaded.model, pipeline.input_shape, source=loaded.source)
-                  if evaluation is not None else None)
+        with stages("check"):
+            check_runs(loaded, pipeline.input_shape, origin=pipeline.input_shape_origin)
+            check_data(pipeline)
+        scorer = None
+        if evaluation is not None:
+            with stages("evaluation: original"):
+                scorer = Scorer(evaluation, loaded.model, pipeline.input_shape, source=loaded.source)
         exports = pipeline.writes_files()
         context = RunContext(out_dir=out, teacher=teacher, resume=resume, rank=rank, world_size=world_size,
                              data=data_normalization(pipeline))
         # Measured now: the passes change the model in place.
-        weights_before = weights_sizes(loaded.model) if exports and main else None
-        channels = {"before": layer_channels(loaded.model)}
-        timings = {"before": time_model(loaded.model, pipeline.input_shape)} if latency else None
-        with tempfile.TemporaryDirectory(prefix="optkit-original-") as scratch:
-            original_onnx = (_export_original(loaded.model, Path(scratch), pipeline.input_shape)
-                             if exports and latency is not False and main else None)
-            generation = (_generation_probe(loaded, scorer, Path(scratch) if original_onnx is not None else None)
-                          if latency is not False and main else None)
+        with stages("inspect"):
+            weights_before = weights_sizes(loaded.model) if exports and main else None
+            channels = {"before": layer_channels(loaded.model)}
+            before = {"dtype": weights_dtype(loaded.model), "input_size": input_size(loaded.source)}
+        timings = None
+        if latency:
+            with stages("latency before (PyTorch)"):
+                timings = {"before": time_model(loaded.model, pipeline.input_shape)}
+        # The original's ONNX files live in a hidden folder of the output folder, removed however the run ends
+        # (the next run removes one a SIGKILL left); only the main process of a run that exports writes them.
+        exports_original = exports and latency is not False and main
+        with scratch_folder(out, "original") if exports_original else contextlib.nullcontext() as scratch:
+            original_onnx = None
+            if exports_original:
+                with stages("export original (ONNX, for latency)"):
+                    original_onnx = _export_original(loaded.model, scratch, pipeline.input_shape)
+            generation = None
+            if latency is not False and main:
+                with stages("generation before"):
+                    generation = _generation_probe(loaded, scorer, scratch if original_onnx is not None else None)
             return _run_and_write(loaded, pipeline, context, on_pass=on_pass, scorer=scorer,
                                   weights_before=weights_before, channels=channels, timings=timings,
-                                  original_onnx=original_onnx, generation=generation)
+                                  original_onnx=original_onnx, generation=generation, stages=stages,
+                                  before=before, save_pt=save_pt)
+
+
+class StageMemory:
+    """Peak memory and wall time of each stage of a run, for the report's ``memory`` section.
+
+    ``with stages("name"):`` measures a block (see :class:`optkit.core.memory.PeakRss`).
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        with PeakRss() as measured:
+            yield
+        self.rows.append({"stage": stage, **measured.to_dict()})
+
+    def section(self) -> dict[str, Any]:
+        """``{"method", "peak_rss_mb", "stages"}``: the process's peak RSS so far (the run's, loading included)
+        and each stage's peak, start and end RSS (MiB), and seconds."""
+        peaks = [row["peak_rss_mb"] for row in self.rows if row["peak_rss_mb"] is not None]
+        if (mark := peak_rss()) is not None:
+            peaks.append(round(mark / 2 ** 20, 1))
+        return {"method": MEMORY_METHOD, "peak_rss_mb": max(peaks, default=None), "stages": list(self.rows)}
+
+
+def weights_dtype(model) -> str | None:
+    """The floating dtype of most of a model's parameters (``bfloat16``, ``float32``...), or ``None`` without any."""
+    from collections import Counter
+
+    counts: Counter = Counter()
+    for parameter in checkpoint.unwrap(model).parameters():
+        if parameter.is_floating_point():
+            counts[str(parameter.dtype).removeprefix("torch.")] += parameter.numel()
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def input_size(source: str | os.PathLike) -> int | None:
+    """Bytes of the checkpoint a model was read from: the file, or a ``save_pretrained`` folder's safetensors."""
+    from optkit.io import hf
+
+    path = Path(source)
+    if path.is_file():
+        return path.stat().st_size
+    folder = hf.hf_folder(str(source)) if path.is_dir() or hf.is_hf_spec(source) else None
+    sizes = [f.stat().st_size for f in folder.glob("*.safetensors")] if folder is not None else []
+    return sum(sizes) if sizes else None
 
 
 def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path | None):
@@ -211,44 +286,57 @@ def _generation_probe(loaded: LoadedModel, scorer: Scorer | None, scratch: Path 
 
 def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext, *, on_pass, scorer: Scorer | None,
                    weights_before, channels: dict, timings: dict | None, original_onnx: Path | None,
-                   generation=None) -> dict[str, Any]:
+                   generation=None, stages: StageMemory | None = None, before: dict | None = None,
+                   save_pt: bool = False) -> dict[str, Any]:
     """Run the passes, then write every output together (see :func:`optimize`)."""
     out = context.out_dir
+    stages = stages if stages is not None else StageMemory()
     after_pass = scorer.after_pass if scorer is not None else None
     if not context.is_main:
         run = pipeline.run(loaded.model, context=context, after_pass=after_pass)
         return build_report(run, model=loaded.source, input_shape=pipeline.input_shape)
     with contextlib.ExitStack() as stack:
+        superseded = RUN_FILES + _old_shards(out)
         # Files the passes write (model.onnx) are staged from the start; without them the staging
         # folder appears only once the passes are done.
-        early = (stack.enter_context(StagedOutputs(out, superseded=RUN_FILES))
+        early = (stack.enter_context(StagedOutputs(out, superseded=superseded))
                  if pipeline.writes_files() else None)
         context.files_dir = early.staging if early is not None else None
-        full_run = pipeline.run(loaded.model, context=context, on_pass=on_pass, after_pass=after_pass)
-        staged = early or stack.enter_context(StagedOutputs(out, superseded=RUN_FILES))
+        with stages("passes"):
+            full_run = pipeline.run(loaded.model, context=context, on_pass=on_pass, after_pass=after_pass)
+        staged = early or stack.enter_context(StagedOutputs(out, superseded=superseded))
         run = full_run.torch_part()
         channels["after"] = layer_channels(checkpoint.unwrap(run.model))
         if timings is not None:
-            timings["after"] = time_model(run.model, pipeline.input_shape)
+            with stages("latency after (PyTorch)"):
+                timings["after"] = time_model(run.model, pipeline.input_shape)
         recipe_text = pipeline.to_toml()
-        checkpoint.save(run.model, staged.path("model.pt"), loaded.arch, extra={"recipe": recipe_text})
         staged.path("recipe.toml").write_text(recipe_text, encoding="utf-8")
-        files = {"model.pt": staged.path("model.pt").stat().st_size}
-        pretrained, pretrained_note = _write_pretrained(loaded, run.model, staged.staging, pipeline.input_shape)
-        files.update({name: staged.path(name).stat().st_size for name in pretrained
-                      if staged.path(name).is_file()})
+        files: dict[str, int] = {}
+        with stages("save"):
+            pretrained, pretrained_note = _write_pretrained(loaded, run.model, staged.staging, pipeline.input_shape)
+            files.update({name: staged.path(name).stat().st_size for name in pretrained
+                          if staged.path(name).is_file()})
+            if save_pt or not pretrained:
+                checkpoint.save(run.model, staged.path(CHECKPOINT_FILE), loaded.arch, extra={"recipe": recipe_text})
+                files = {CHECKPOINT_FILE: staged.path(CHECKPOINT_FILE).stat().st_size, **files}
         exported = _file_sections(full_run, run.model, weights_before)
         for section in exported.values():
             files.update(section.get("files") or {section["path"]: section["file_size"]})
+        files.update(_external_data(staged.staging, files))
         exported_file = next((Path(r.details["path"]) for r in full_run.records if r.name == "export_onnx"), None)
-        onnx_timing = (onnx_latency(original_onnx, exported_file, pipeline.input_shape,
-                                    run.after.macs / run.before.macs if run.before.macs else None,
-                                    kind=kind_of(loaded.model))
-                       if original_onnx is not None and exported_file is not None else None)
-        source = Path(loaded.source)
+        onnx_timing = None
+        if original_onnx is not None and exported_file is not None:
+            with stages("latency (ONNX Runtime)"):
+                onnx_timing = onnx_latency(original_onnx, exported_file, pipeline.input_shape,
+                                           run.after.macs / run.before.macs if run.before.macs else None,
+                                           kind=kind_of(loaded.model))
         report = build_report(run, model=loaded.source, input_shape=pipeline.input_shape, files=files,
-                              channels=channels, input_file_size=source.stat().st_size if source.is_file() else None,
+                              channels=channels, input_file_size=(before or {}).get("input_size"),
                               latency=timings, onnx_latency=onnx_timing)
+        report["file_size"]["after"] = _result_size(files)
+        report["dtype"] = {"before": (before or {}).get("dtype"), "after": weights_dtype(run.model),
+                           "on_disk": _dtype_on_disk(staged.staging, pretrained)}
         for key, section in exported.items():
             report[key] = section
             report["notes"].extend(section["notes"])
@@ -258,26 +346,82 @@ def _run_and_write(loaded: LoadedModel, pipeline: Pipeline, context: RunContext,
             export_details = next((r.details for r in full_run.records if r.name == "export_onnx"), {})
             decode_file = (exported_file.with_name(export_details["decode"]["path"])
                            if "decode" in export_details else None)
-            report["generation"] = generation.finish(checkpoint.unwrap(run.model), decode_file)
+            with stages("generation after"):
+                report["generation"] = generation.finish(checkpoint.unwrap(run.model), decode_file)
         if scorer is not None:
             report["evaluation"] = scorer.section()
             if (accuracy := scorer.accuracy()) is not None:
                 report["accuracy"] = accuracy
         if context.data:
             report["data"] = context.data
-        if loaded.arch is None:
+        if loaded.arch is None and CHECKPOINT_FILE in files:
             report["notes"].append("the input was a whole pickled module, so model.pt is one too: loading it needs --trust")
         report["notes"].extend(loaded.notes + ([pretrained_note] if pretrained_note else []))
+        report["memory"] = stages.section()
         staged.path("report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         plot = CHANNELS_PLOT if plot_channels(report, staged.path(CHANNELS_PLOT)) else None
         staged.path("report.md").write_text(to_markdown(report, plot=plot), encoding="utf-8")
-    _remember_architecture(loaded, out)
+    if CHECKPOINT_FILE in files:
+        _remember_architecture(loaded, out)
     return report
+
+
+def _external_data(folder: Path, files: dict[str, int]) -> dict[str, int]:
+    """Sizes of the ONNX files among ``files`` whose weights are in ``NAME.data`` beside them: the graph and
+    the data file, each on its own."""
+    sizes = {}
+    for name in list(files):
+        data = folder / f"{name}.data"
+        if name.endswith(".onnx") and data.is_file() and (folder / name).is_file():
+            sizes[name] = (folder / name).stat().st_size
+            sizes[data.name] = data.stat().st_size
+    return sizes
+
+
+def _old_shards(out: Path) -> tuple[str, ...]:
+    """The weight shards an earlier run's ``save_pretrained`` index in ``out`` lists (replaced with the index)."""
+    from optkit.io.hf import SAFETENSORS_INDEX
+
+    try:
+        index = json.loads((Path(out) / SAFETENSORS_INDEX).read_text(encoding="utf-8"))
+        return tuple(sorted({str(name) for name in index["weight_map"].values() if "/" not in str(name)}))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ()
+
+
+def _result_size(files: dict[str, int]) -> int | None:
+    """Bytes of the result's weights on disk: ``model.pt``, else the ``save_pretrained`` safetensors."""
+    if CHECKPOINT_FILE in files:
+        return files[CHECKPOINT_FILE]
+    sizes = [size for name, size in files.items() if name.endswith(".safetensors")]
+    return sum(sizes) if sizes else None
+
+
+def _dtype_on_disk(folder: Path, written: list[str]) -> str | None:
+    """The floating dtype most of the written safetensors' weights are stored in (read from their headers)."""
+    from collections import Counter
+
+    counts: Counter = Counter()
+    for name in written:
+        if not name.endswith(".safetensors"):
+            continue
+        with open(folder / name, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for key, entry in header.items():
+            if key != "__metadata__" and entry["dtype"] in SAFETENSORS_FLOATS:
+                shape = entry["shape"]
+                counts[SAFETENSORS_FLOATS[entry["dtype"]]] += math.prod(shape) if shape else 1
+    return counts.most_common(1)[0][0] if counts else None
+
+
+#: safetensors' floating dtype names, as torch names them.
+SAFETENSORS_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
 def _write_pretrained(loaded: LoadedModel, model, folder: Path,
                       input_shape: tuple[int, ...]) -> tuple[list[str], str | None]:
-    """A ``transformers`` model is also written as a ``save_pretrained`` folder (config, safetensors, tokenizer)."""
+    """A ``transformers`` model is written as a ``save_pretrained`` folder (config, safetensors, tokenizer)."""
     from optkit.io import hf
     from optkit.kinds import example_inputs, is_hf_pretrained
 
@@ -307,7 +451,10 @@ class Scorer:
     """Scores the original model and each stage's result on the same test samples, for the report.
 
     The model's kind reads the samples and scores them (see :mod:`optkit.analysis.evaluation`);
-    ``source`` is the model spec, where a language model's tokenizer is found.
+    ``source`` is the model spec, where a language model's tokenizer is found. The original is run once,
+    here, and only what the comparisons need is kept (:func:`optkit.analysis.evaluation.reference`: a
+    language model's top tokens per position, never every logit, and no copy of the model); each stage is
+    then run a batch at a time and scored as it goes.
     """
 
     def __init__(self, settings: EvalSettings, model, input_shape: tuple[int, ...], *, source: str | None = None):
@@ -315,7 +462,8 @@ class Scorer:
 
         self.settings = settings
         self.eval_set = evaluation.load_eval_set(settings, model, input_shape, source=source)
-        self.reference = evaluation.torch_logits(model, self.eval_set, settings.batch_size)
+        with eval_progress("evaluation: original"):
+            self.reference = evaluation.reference(model, self.eval_set, settings.batch_size)
         self.stages = [{"stage": "original", **evaluation.score(self.reference, self.eval_set)}]
 
     def after_pass(self, record, model) -> None:
@@ -327,25 +475,31 @@ class Scorer:
             if not any(stage["stage"] == f"{Path(model.path).name} (ONNX Runtime)" for stage in self.stages):
                 self.score_onnx(Path(model.path).name, Path(model.path))
             return
-        logits = evaluation.torch_logits(model, self.eval_set, self.settings.batch_size)
-        self.stages.append({"stage": f"after {record.name}", **evaluation.score(logits, self.eval_set, self.reference)})
+        with eval_progress(f"evaluation: after {record.name}"):
+            scores = evaluation.score_model(model, self.eval_set, self.settings.batch_size, self.reference)
+        self.stages.append({"stage": f"after {record.name}", **scores})
 
     def score_onnx(self, name: str, path: Path) -> None:
         """Score an exported file in ONNX Runtime."""
         from optkit.analysis import evaluation
 
-        logits = evaluation.onnx_logits(path, self.eval_set, self.settings.batch_size)
-        self.stages.append({"stage": f"{name} (ONNX Runtime)", **evaluation.score(logits, self.eval_set, self.reference)})
+        with eval_progress(f"evaluation: {name}"):
+            scores = evaluation.score_model(path, self.eval_set, self.settings.batch_size, self.reference)
+        self.stages.append({"stage": f"{name} (ONNX Runtime)", **scores})
 
     def section(self) -> dict[str, Any]:
         """The report's ``evaluation`` section: the data, what one sample is, the kind's score columns and the stages."""
         from optkit.analysis.evaluation import score_columns
 
-        return {"data": self.eval_set.spec, "split": "test", "samples": len(self.eval_set),
-                "unit": self.eval_set.unit, "columns": score_columns(self.eval_set), "stages": self.stages}
+        section = {"data": self.eval_set.spec, "split": "test", "samples": len(self.eval_set),
+                   "unit": self.eval_set.unit, "columns": score_columns(self.eval_set), "stages": self.stages}
+        top_k, vocabulary = getattr(self.reference, "top_k", None), getattr(self.reference, "vocabulary", None)
+        if top_k is not None and vocabulary is not None and top_k < vocabulary:
+            section["kl_top_k"] = top_k
+        return section
 
     def accuracy(self) -> dict[str, Any] | None:
-        """The report's ``accuracy``: the original and the result (``model.pt``) on the same test samples
+        """The report's ``accuracy``: the original and the result on the same test samples
         (``None`` when the kind's scores have no accuracy).
 
         It replaces the fine-tune pass's validation accuracy, which is measured on other images and

@@ -153,6 +153,26 @@ def test_staging_of_a_live_process_is_kept(tmp_path):
     assert live.exists() and foreign.exists() and not dead.exists()
 
 
+def test_an_interrupt_between_a_folders_creation_and_its_cleanup_leaves_nothing(tmp_path):
+    """A signal can land after ``mkdtemp`` made a staging or scratch folder and before the block that removes it
+    starts: the run's outermost guard removes this process's folders (and another process's stay)."""
+    from optkit.io.outputs import removed_if_left_empty
+
+    out = tmp_path / "out"
+    out.mkdir()
+    other = out / f"{STAGING_PREFIX}1-original-abc"
+    other.mkdir()
+    with pytest.raises(KeyboardInterrupt), removed_if_left_empty(out, created=True):
+        (out / f"{STAGING_PREFIX}{os.getpid()}-original-xyz").mkdir()
+        raise KeyboardInterrupt
+    assert list(out.iterdir()) == [other]
+    other.rmdir()
+    with pytest.raises(KeyboardInterrupt), removed_if_left_empty(out, created=True):
+        (out / f"{STAGING_PREFIX}{os.getpid()}-abc").mkdir()
+        raise KeyboardInterrupt
+    assert not out.exists()
+
+
 def _require_command(name: str) -> None:
     from optkit.cli import main
 
@@ -207,3 +227,47 @@ def test_sigkill_during_finetune_then_resume(tmp_path):
     resumed = subprocess.run([*args, "--resume"], env=_env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert check_outputs_intact(out, also=("finetune.ckpt",), classes=4) == set(OUTPUT_FILES)
+
+
+def _scratch_of_a_run_killed_by(sig: signal.Signals, out: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """Start ``optimize --export onnx`` with its own temporary folder ``tmp``, and send it ``sig`` once it is
+    working in its scratch folder (the original model's ONNX export, for the latency comparison)."""
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "optkit", *ARGS, "--export", "onnx", "--out", str(out)],
+                            env={**_env(), "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if list(out.glob(f"{STAGING_PREFIX}*original*")) or list(tmp.glob("optkit-original-*")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it exported the original model"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("sig, code", [
+    pytest.param(signal.SIGTERM, 128 + signal.SIGTERM, id="SIGTERM"),
+    pytest.param(signal.SIGINT, 130, id="SIGINT", marks=pytest.mark.slow),  # Ctrl-C always unwound; 25 s
+])
+def test_a_run_stopped_by_a_signal_leaves_nothing_behind(tmp_path, sig, code):
+    """Stopped while it works on the original model's files, the run unwinds: no scratch folder is left in the
+    temporary folder or the output folder, and the output folder it created is gone."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    done = _scratch_of_a_run_killed_by(sig, out, tmp)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].endswith("no output was written")
+    assert list(tmp.iterdir()) == []
+    assert not out.exists(), list(out.iterdir())
+
+
+def test_a_run_killed_outright_leaves_its_scratch_only_where_the_next_run_removes_it(tmp_path):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    done = _scratch_of_a_run_killed_by(signal.SIGKILL, out, tmp)
+    assert done.returncode == -signal.SIGKILL
+    assert not list(tmp.glob("optkit-*")), list(tmp.iterdir())
+    left = list(out.glob(f"{STAGING_PREFIX}*"))
+    assert check_outputs_intact(out) == set() and left
+    assert sorted(remove_stale_staging(out)) == sorted(left)  # what every next run does first
+    assert list(out.iterdir()) == []

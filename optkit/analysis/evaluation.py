@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["EVAL_SPLIT", "DataReaders", "EvalSet", "EvalSettings", "load_eval_set", "onnx_logits", "score",
-           "score_columns", "tokenizer_folders", "torch_logits"]
+__all__ = ["EVAL_SPLIT", "DataReaders", "EvalSet", "EvalSettings", "load_eval_set", "onnx_logits", "reference",
+           "score", "score_columns", "score_model", "tokenizer_folders", "torch_logits"]
 
 EVAL_SPLIT = "test"
 
@@ -161,6 +161,23 @@ def onnx_logits(path: str | os.PathLike, eval_set: EvalSet, batch_size: int = 12
     from optkit.kinds import get_kind
 
     return get_kind(eval_set.kind).eval_outputs(os.fspath(path), eval_set, batch_size)
+
+
+def reference(model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int = 128) -> Any:
+    """The original's outputs on the scoring samples as later stages are compared with them, computed now and kept
+    compactly (a language model's top tokens per position, never every logit; see
+    :meth:`optkit.kinds.ModelKind.reference`); :func:`score` of it gives the original's figures."""
+    from optkit.kinds import get_kind
+
+    return get_kind(eval_set.kind).reference(model, eval_set, batch_size)
+
+
+def score_model(model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int = 128,
+                reference: Any = None) -> dict[str, Any]:
+    """:func:`score` of a PyTorch model or an ONNX file, run now a batch at a time (nothing of it is kept)."""
+    from optkit.kinds import get_kind
+
+    return get_kind(eval_set.kind).score_model(model, eval_set, batch_size, reference)
 
 
 def score(logits: Any, eval_set: EvalSet, reference: Any = None) -> dict[str, Any]:

@@ -233,6 +233,11 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         b = size.get("before")
         rows.append(("File size (MB)", "-" if b is None else f"{b / 1e6:.2f}", f"{size['after'] / 1e6:.2f}",
                      f"{size['after'] / b:.3f}×" if b else ""))
+    dtype = report.get("dtype") or {}
+    if dtype.get("after"):
+        disk = dtype.get("on_disk")
+        rows.append(("Weights dtype", dtype.get("before") or "-",
+                     dtype["after"] + (f" ({disk} on disk)" if disk and disk != dtype["after"] else ""), ""))
     timing = report.get("onnx_latency")
     if timing:
         b, a = timing["before"]["median_ms"], timing["after"]["median_ms"]
@@ -282,9 +287,13 @@ def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
     accuracy = report.get("accuracy") or {}
     if accuracy.get("dataset"):
         lines += ["", f"Accuracy measured on {accuracy['dataset']}."]
-    lines += ["", "## Passes", "", "| pass | seconds | params | MACs | sparsity |", "|---|---:|---:|---:|---:|"]
+    lines += ["", "## Passes", "", "| pass | seconds | params | MACs | sparsity | peak RSS (MiB) |",
+              "|---|---:|---:|---:|---:|---:|"]
     for p in report["passes"]:
-        lines.append(f"| {p['name']} | {p['seconds']:.2f} | {p.get('params', 0):,} | {p.get('macs', 0):,} | {p.get('sparsity', 0):.1%} |")
+        peak = p.get("peak_rss_mb")
+        lines.append(f"| {p['name']} | {p['seconds']:.2f} | {p.get('params', 0):,} | {p.get('macs', 0):,} | "
+                     f"{p.get('sparsity', 0):.1%} | {'-' if peak is None else f'{peak:,.0f}'} |")
+    lines += _memory_lines(report.get("memory"))
     lines += _channel_lines(report, plot)
     skipped = skipped_layers(report)
     if skipped:
@@ -301,6 +310,22 @@ def to_markdown(report: dict[str, Any], *, plot: str | None = None) -> str:
     if report["notes"]:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _memory_lines(memory: dict[str, Any] | None) -> list[str]:
+    """The run's peak memory and each stage's (the ``memory`` section)."""
+    if not memory:
+        return []
+    peak = memory.get("peak_rss_mb")
+    lines = ["", "## Memory", "",
+             f"Peak resident memory of the run (loading included): {'-' if peak is None else f'{peak:,.0f}'} MiB; "
+             f"per stage: {memory.get('method', 'process RSS')}.", "",
+             "| stage | seconds | peak RSS (MiB) | RSS after (MiB) |", "|---|---:|---:|---:|"]
+    for row in memory.get("stages", ()):
+        values = [row.get("peak_rss_mb"), row.get("end_rss_mb")]
+        cells = ["-" if v is None else f"{v:,.0f}" for v in values]
+        lines.append(f"| {row['stage']} | {row.get('seconds', 0):.2f} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 #: The columns of an ``evaluation`` section that does not list its own (an image classifier's).
@@ -345,7 +370,11 @@ def _evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
         return []
     labels = [c["label"] for c in _evaluation_columns(evaluation)]
     lines = ["", f"## {_evaluation_title(evaluation)}", "",
-             "Agreement and KL compare each stage's predictions with the original model's on the same samples.", "",
+             "Agreement and KL compare each stage's predictions with the original model's on the same samples"
+             + (f" (KL: exact over the original's {evaluation['kl_top_k']:,} most likely tokens per position, the rest "
+                "of the vocabulary estimated from tokens drawn from the original's distribution)"
+                if evaluation.get("kl_top_k") else "")
+             + ".", "",
              "| " + " | ".join(["stage", *labels]) + " |", "|---|" + "---:|" * len(labels)]
     return lines + ["| " + " | ".join(row) + " |" for row in evaluation_rows(evaluation)]
 
@@ -479,7 +508,10 @@ def print_report(report: dict[str, Any], console=None) -> None:
     if report.get("evaluation"):
         console.print(evaluation_table(report["evaluation"]))
     for p in report["passes"]:
-        console.print(f"  {p['name']}: {p['seconds']:.2f} s")
+        peak = f", peak RSS {p['peak_rss_mb']:,.0f} MiB" if p.get("peak_rss_mb") is not None else ""
+        console.print(f"  {p['name']}: {p['seconds']:.2f} s{peak}")
+    if (report.get("memory") or {}).get("peak_rss_mb") is not None:
+        console.print(f"  peak RSS of the run: {report['memory']['peak_rss_mb']:,.0f} MiB (report.md lists each stage)")
     for line in generation_lines(report["generation"]) if report.get("generation") else ():
         console.print(f"[cyan]generation:[/cyan] {escape(line)}", highlight=False)
     for note in report["notes"]:

@@ -6,8 +6,13 @@ Heavy imports (torch) happen inside commands, so ``optkit --help`` and
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 
 import click
 
@@ -15,17 +20,50 @@ from optkit import __version__
 from optkit.core.errors import OptkitError
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so that it unwinds as on Ctrl-C: staging and scratch folders are
+    removed, nothing half-written is left."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Terminated` (when SIGTERM has its default action and this is
+    the main thread; a handler someone else installed is left alone). A forked child (a data loader's worker)
+    that inherits the handler dies of SIGTERM as before."""
+    owner = os.getpid()
+
+    def terminated(signum: int, frame: object) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    install = (threading.current_thread() is threading.main_thread()
+               and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    if install:
+        signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        if install:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class OptkitGroup(click.Group):
-    """Turns optkit errors into one ``Error: ...`` line and exit code 1 (a traceback only with ``--debug``)."""
+    """Turns optkit errors into one ``Error: ...`` line and exit code 1 (a traceback only with ``--debug``);
+    Ctrl-C (exit code 130) and SIGTERM (143) unwind the command, so it leaves no output or scratch behind."""
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with _sigterm_unwinds():
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except KeyboardInterrupt:
-            click.echo("Error: interrupted; no output was written", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as e:
+            terminated = isinstance(e, Terminated)
+            click.echo(f"Error: {'terminated' if terminated else 'interrupted'}; no output was written", err=True)
+            sys.exit(128 + signal.SIGTERM if terminated else 130)
         except Exception as e:
             if ctx.meta.get("optkit.debug"):
                 traceback.print_exc()

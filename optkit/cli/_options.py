@@ -22,6 +22,22 @@ def parse_shape(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(f"expected 2 to 5 positive integers like 1,3,224,224, got {value!r}") from None
 
 
+def output_options(what: str = "the result, recipe.toml, report.json and report.md") -> Callable:
+    """Where and how a command writes its results: ``--out``, ``--force``, ``--save-pt``.
+
+    A Hugging Face model whose stock class describes the result is written once, as a ``save_pretrained``
+    folder; ``--save-pt`` also writes ``model.pt`` (the slimmed checkpoint), which every other model gets anyway.
+    """
+    return with_options([
+        click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
+                     help=f"Output folder for {what}."),
+        click.option("--force", is_flag=True, help="Overwrite results already in the output folder."),
+        click.option("--save-pt", is_flag=True,
+                     help="Also write model.pt (the slimmed checkpoint) when the result is a save_pretrained folder "
+                          "(a Hugging Face model its stock class describes); other models always get model.pt."),
+    ])
+
+
 def model_options(input_shape_help: str = "Example input shape, e.g. 1,3,224,224.") -> Callable:
     """How a MODEL argument is read: ``--input-shape``, ``--seq-len``, ``--kind``, ``--num-classes``, ``--arch``,
     ``--trust``, ``--random-weights``.

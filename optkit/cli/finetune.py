@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from optkit.cli import generated
-from optkit.cli._options import eval_options, eval_settings, model_options
+from optkit.cli._options import eval_options, eval_settings, model_options, output_options
 from optkit.cli._run import builtin_classes, data_input_shape, show_epoch_lines, wrote_line
 from optkit.core.settings import SHARED_SETTINGS
 
@@ -39,10 +39,9 @@ def _training_options() -> list:
 @model_options("Model input, e.g. 1,3,28,28; samples are repeated to its channels and resized to its size. "
                "Default: the data's image size with the model's input channels.")
 @eval_options()
-@click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
-              help="Output folder for model.pt, recipe.toml, report.json, report.md and finetune.ckpt.")
-@click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
-def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, trust, out_dir, force,
+@output_options("the result (a save_pretrained folder for a Hugging Face model, else model.pt), recipe.toml, "
+                "report.json, report.md and finetune.ckpt")
+def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, trust, out_dir, force, save_pt,
                      **flags: Any) -> None:
     """Fine-tune MODEL on --data and write the trained model and a report.
 
@@ -72,7 +71,7 @@ def finetune_command(model: str, teacher_spec, input_shape, num_classes, arch, t
         recipe["device"] = flags["device"]
     pipeline = Pipeline.from_dict(recipe, source="command-line flags")
     report = workflow.optimize(loaded, pipeline, out_dir, force=force, evaluation=evaluation,
-                               resume=bool(flags.get("resume")), teacher=teacher,
+                               resume=bool(flags.get("resume")), teacher=teacher, save_pt=save_pt,
                                on_pass=lambda i, n, name: console.print(f"[{i + 1}/{n}] running {name}"))
     if is_main_process():
         print_report(report, Console())

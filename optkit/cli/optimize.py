@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from optkit.cli import _run, generated
-from optkit.cli._options import eval_options, eval_settings, model_options
+from optkit.cli._options import eval_options, eval_settings, model_options, output_options
 from optkit.cli._run import builtin_classes, show_epoch_lines
 
 _CLASSES = builtin_classes()
@@ -39,14 +39,13 @@ def _pass_options() -> list:
 @eval_options()
 @click.option("--recipe", "recipe_path", type=click.Path(dir_okay=False),
               help="Run the passes of this TOML recipe instead of building them from flags.")
-@click.option("--out", "out_dir", default="optkit-out", show_default=True, type=click.Path(file_okay=False),
-              help="Output folder for model.pt, recipe.toml, report.json and report.md.")
-@click.option("--force", is_flag=True, help="Overwrite results already in the output folder.")
+@output_options("the result (a save_pretrained folder for a Hugging Face model, else model.pt), recipe.toml, "
+                "report.json and report.md")
 @click.option("--latency/--no-latency", default=None,
               help="--latency also times the model before and after in PyTorch eager; --no-latency skips the "
                    "ONNX Runtime timing (batch 1, every core) that runs with --export onnx by default.")
-def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, latency,
-                     generic_passes, **flags: Any) -> None:
+def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_path, out_dir, force, save_pt,
+                     latency, generic_passes, **flags: Any) -> None:
     """Slim MODEL (torchvision:NAME or a checkpoint file) and write the result and a report.
 
     Example: optkit optimize torchvision:resnet18 --prune 0.3 --out runs/demo
@@ -77,7 +76,7 @@ def optimize_command(model: str, input_shape, num_classes, arch, trust, recipe_p
 
     with show_progress(lambda line: console.print(f"  {line}", markup=False, highlight=False)):
         report = workflow.optimize(loaded, pipeline, out_dir, force=force, on_pass=on_pass, latency=latency,
-                                   evaluation=evaluation, resume=bool(flags.get("resume")))
+                                   evaluation=evaluation, resume=bool(flags.get("resume")), save_pt=save_pt)
     if is_main_process():
         print_report(report, Console())
         click.echo(_run.wrote_line(report, out_dir))

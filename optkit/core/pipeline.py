@@ -15,6 +15,7 @@ from optkit.core.contract import DEFAULT_INPUT_SHAPE, SHARED_SETTINGS, Pass, Pas
 from optkit.core.errors import FormError, OptkitError, PassError, RecipeError
 from optkit.core.files import write_text
 from optkit.core.forms import TORCH
+from optkit.core.memory import PeakRss
 from optkit.core.settings import check_device
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class PassRecord:
             a pass that returns a file form, which has no PyTorch model to count).
         details: what the pass reported (e.g. layers it left untouched).
         form: the model form the pass returned (:mod:`optkit.core.forms`).
+        peak_rss_mb: the process's peak resident memory while the pass ran, in MiB (see
+            :mod:`optkit.core.memory`), or ``None`` where it cannot be read.
     """
 
     name: str
@@ -44,9 +47,12 @@ class PassRecord:
     stats: ModelStats | None
     details: dict[str, Any] = field(default_factory=dict)
     form: str = TORCH
+    peak_rss_mb: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "seconds": round(self.seconds, 4)}
+        if self.peak_rss_mb is not None:
+            out["peak_rss_mb"] = self.peak_rss_mb
         if self.stats is not None:
             out.update(self.stats.to_dict())
         if self.details:
@@ -176,7 +182,8 @@ class Pipeline:
                 on_pass(index, len(steps), name)
             start = time.perf_counter()
             try:
-                result = _apply(p, model)
+                with PeakRss() as memory:
+                    result = _apply(p, model)
             except KeyboardInterrupt:
                 raise
             except Exception as e:
@@ -186,7 +193,7 @@ class Pipeline:
             form = forms.form_of(model)
             stats = self._measure_after(name, model, records) if measure_stats and form == TORCH else None
             after = stats if stats is not None else after
-            records.append(PassRecord(name, seconds, stats, result.details, form))
+            records.append(PassRecord(name, seconds, stats, result.details, form, memory.peak_mb))
             if after_pass is not None:
                 after_pass(records[-1], model)
         return PipelineRun(model, before, after, records)

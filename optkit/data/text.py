@@ -185,14 +185,20 @@ def tokenize(tokenizer: Any, documents: list[str], limit: int | None = None) -> 
     With ``limit``, documents are tokenized a few at a time until at least ``limit`` ids are there
     (calibration and small evaluations read the start of a split, not all of it).
     """
+    from optkit.core.progress import progress
+
     eos = getattr(tokenizer, "eos_token_id", None)
-    step = len(documents) if limit is None else TOKENIZE_CHUNK
+    # All of a split in about 20 calls (progress shows where it takes long), or a few documents at a time.
+    step = max(TOKENIZE_CHUNK, -(-len(documents) // 20)) if limit is None else TOKENIZE_CHUNK
+    shown = progress("text", "documents tokenized", len(documents))
     ids: list[int] = []
     for start in range(0, len(documents), max(step, 1)):
-        for document in tokenizer(documents[start:start + step], add_special_tokens=False, verbose=False)["input_ids"]:
+        chunk = documents[start:start + step]
+        for document in tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]:
             ids.extend(document)
             if eos is not None:
                 ids.append(eos)
+        shown.step(len(chunk))
         if limit is not None and len(ids) >= limit:
             break
     return ids

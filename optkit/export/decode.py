@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import ExportError, first_line
+from optkit.core.progress import progress
 from optkit.export.symbolics import exporter_symbolics
 
 if TYPE_CHECKING:
@@ -52,12 +53,15 @@ class DecodeExport:
         layers: cached layers (two inputs each, key and value).
         checks: ``(new tokens, cached tokens, max |diff|, tolerance)`` per verification call.
         seconds: wall time.
+        external_data: whether the weights are in ``<path>.data`` beside the file (weights over
+            :data:`optkit.export.onnx.EXTERNAL_DATA_THRESHOLD`, which one protobuf cannot hold).
     """
 
     path: str
     layers: int
     checks: list[tuple[int, int, float, float]]
     seconds: float
+    external_data: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,12 +159,14 @@ def export_decode(model: nn.Module, path: str | os.PathLike, *, opset: int = 17,
 
     Checked at batch 2, one row left-padded, on a prefill (4 new tokens, empty cache) and a decode step (1 new
     token on 7 cached ones): the logits and every present key/value must match PyTorch within ``rtol`` times
-    that output's largest value.
+    that output's largest value. Weights over :data:`optkit.export.onnx.EXTERNAL_DATA_THRESHOLD` go to
+    ``NAME.data`` beside the file, written together with it; ``onnx.checker`` reads the file by path.
 
     Raises:
         ExportError: for a model without a decode step (see :func:`unsupported`) or a graph that does not
             verify; nothing is written then.
     """
+    import onnx
     import torch
 
     from optkit.export.onnx import prepare_for_export
@@ -179,24 +185,53 @@ def export_decode(model: nn.Module, path: str | os.PathLike, *, opset: int = 17,
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".export", dir=target.parent))
+    steps = progress("export", f"{target.name} steps", 4)
     try:
-        out = scratch / target.name
+        raw = scratch / "raw" / target.name
+        raw.parent.mkdir()
         trace = example(prepared, shapes, batch=1, new=TRACE_NEW, past=TRACE_PAST, seed=0)
         try:
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
                 with exporter_symbolics(opset):
-                    torch.onnx.export(step, tuple(trace), str(out), input_names=inputs, output_names=outputs,
+                    torch.onnx.export(step, tuple(trace), str(raw), input_names=inputs, output_names=outputs,
                                       dynamic_axes=dynamic, opset_version=opset, dynamo=False)
         except Exception as e:
             raise ExportError(f"the decode step of {type(model).__name__} did not export ({first_line(e)}); "
                               "nothing was written") from e
-        checks = [_verify(step, out, prepared, shapes, new=new, past=past, rtol=rtol)
-                  for new, past in ((4, 0), (1, 7))]
+        steps.step(detail="traced")
+        out = scratch / target.name
+        external = _rewrite(raw, out)
+        shutil.rmtree(raw.parent)
+        try:
+            onnx.checker.check_model(str(out))
+        except Exception as e:
+            raise ExportError(f"onnx.checker rejected the decode step ({first_line(e)}); nothing was written") from e
+        steps.step(detail="checked" + (f", weights in {target.name}.data" if external else ""))
+        checks = []
+        for new, past in ((4, 0), (1, 7)):
+            checks.append(_verify(step, out, prepared, shapes, new=new, past=past, rtol=rtol))
+            steps.step(detail=f"verified {new} new on {past} cached tokens")
+        if external:
+            os.replace(out.with_name(f"{out.name}.data"), target.with_name(f"{target.name}.data"))
+        else:
+            target.with_name(f"{target.name}.data").unlink(missing_ok=True)
         os.replace(out, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return DecodeExport(str(target), len(shapes) // 2, checks, round(time.perf_counter() - start, 3))
+    return DecodeExport(str(target), len(shapes) // 2, checks, round(time.perf_counter() - start, 3), external)
+
+
+def _rewrite(raw: Path, out: Path) -> bool:
+    """Save the exported graph ``raw`` as ``out``, with its weights in ``out.name + ".data"`` beside it when they
+    pass :data:`optkit.export.onnx.EXTERNAL_DATA_THRESHOLD` (the exporter writes a file per weight above 2 GB, and
+    a protobuf cannot hold more); returns whether they do."""
+    import onnx
+
+    from optkit.export.onnx import _save
+
+    proto = onnx.load(str(raw))
+    return _save(proto, out, None)
 
 
 def _verify(step: nn.Module, path: Path, model: nn.Module, shapes: list[tuple[int, ...]], *, new: int, past: int,
@@ -256,9 +291,11 @@ def _empty_cache(sess, batch: int = 1) -> list[np.ndarray]:
     return [np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=np.float32) for i in past]
 
 
-def _generate(sess, prompt: list[int], tokens: int, *, timed: bool, batch: int = 1) -> tuple[list[int], list[float]]:
-    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step; ``batch`` rows of
-    the same prompt decode together (the first row's ids are returned)."""
+def _generate(sess, prompt: list[int], tokens: int, *, timed: bool, count=None,
+              batch: int = 1) -> tuple[list[int], list[float]]:
+    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step (``count``: a
+    :class:`optkit.core.progress.Progress` stepped per token); ``batch`` rows of the same prompt decode together
+    (the first row's ids are returned)."""
     import numpy as np
 
     ids = np.asarray([prompt] * batch, dtype=np.int64)
@@ -274,11 +311,18 @@ def _generate(sess, prompt: list[int], tokens: int, *, timed: bool, batch: int =
         out = sess.run(None, _feed_arrays(next_ids, np.ones((batch, total), dtype=np.int64), out[1:]))
         if timed:
             times.append((time.perf_counter() - begin) * 1e3)
+        if count is not None:
+            count.step()
     return generated, times
 
 
 def _feed_arrays(ids, mask, cache) -> dict[str, np.ndarray]:
     return dict(zip(names(len(cache) // 2)[0], [ids, mask, *cache]))
+
+
+#: Decode graphs larger than this together are timed one after the other, each session closed before the next
+#: opens (one model's weights in ONNX Runtime at a time); smaller ones are timed in alternating rounds.
+INTERLEAVE_MAX_BYTES = 2 ** 30
 
 
 def onnx_decode_speed(paths: list[str | os.PathLike], *, prompt_tokens: int = PROMPT_TOKENS,
@@ -289,26 +333,53 @@ def onnx_decode_speed(paths: list[str | os.PathLike], *, prompt_tokens: int = PR
 
     Each round prefills the same random prompt of ``prompt_tokens`` tokens in every file (untimed), then
     times ``steps`` greedy one-token steps; the first round is a warm-up. Pool threads do not spin, so one
-    session does not slow the other.
+    session does not slow the other. Files larger than :data:`INTERLEAVE_MAX_BYTES` together are timed one
+    after the other instead, so only one is in memory at a time.
 
     Returns:
         per file ``median_ms`` (one step), ``p90_ms``, ``tokens_per_s`` (``batch`` × 1000 / median) and ``steps``
         timed.
     """
-    import numpy as np
-
     threads = threads or os.cpu_count() or 1
-    sessions = [session(p, threads) for p in paths]
-    vocab = min(int(s.get_outputs()[0].shape[-1]) if isinstance(s.get_outputs()[0].shape[-1], int) else 2 ** 31
-                for s in sessions)
-    prompt = np.random.default_rng(seed).integers(0, min(vocab, 2 ** 31 - 1), prompt_tokens).tolist()
+    count = progress("generation", "ONNX Runtime decode steps timed", len(paths) * (rounds + 1) * steps)
     times: list[list[float]] = [[] for _ in paths]
+    if sum(graph_bytes(p) for p in paths) > INTERLEAVE_MAX_BYTES:
+        for index, path in enumerate(paths):
+            sess = session(path, threads)
+            prompt = _random_prompt(_vocabulary([sess]), prompt_tokens, seed)
+            for round_index in range(rounds + 1):
+                _, steps_ms = _generate(sess, prompt, steps, timed=True, count=count, batch=batch)
+                if round_index:
+                    times[index] += steps_ms
+            del sess
+        return [_speed(t, threads, batch) for t in times]
+    sessions = [session(p, threads) for p in paths]
+    prompt = _random_prompt(_vocabulary(sessions), prompt_tokens, seed)
     for round_index in range(rounds + 1):
         for index, sess in enumerate(sessions):
-            _, steps_ms = _generate(sess, prompt, steps, timed=True, batch=batch)
+            _, steps_ms = _generate(sess, prompt, steps, timed=True, count=count, batch=batch)
             if round_index:
                 times[index] += steps_ms
     return [_speed(t, threads, batch) for t in times]
+
+
+def graph_bytes(path: str | os.PathLike) -> int:
+    """Bytes of an ONNX file and its external data (``NAME.data``) beside it."""
+    path = Path(path)
+    data = path.with_name(f"{path.name}.data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def _vocabulary(sessions: list) -> int:
+    """The smallest vocabulary of the sessions' logits (2**31 where a graph leaves it symbolic)."""
+    return min(int(s.get_outputs()[0].shape[-1]) if isinstance(s.get_outputs()[0].shape[-1], int) else 2 ** 31
+               for s in sessions)
+
+
+def _random_prompt(vocabulary: int, tokens: int, seed: int) -> list[int]:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, min(vocabulary, 2 ** 31 - 1), tokens).tolist()
 
 
 def generate_torch(model: nn.Module, prompt: list[int], tokens: int) -> list[int]:
@@ -318,8 +389,9 @@ def generate_torch(model: nn.Module, prompt: list[int], tokens: int) -> list[int
 
 
 def _generate_torch(model: nn.Module, prompt: list[int] | torch.Tensor, tokens: int, *,
-                    timed: bool) -> tuple[list[int], list[float]]:
-    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step."""
+                    timed: bool, count=None) -> tuple[list[int], list[float]]:
+    """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step (``count``: a
+    :class:`optkit.core.progress.Progress` stepped per token)."""
     import torch
 
     device = next(model.parameters()).device
@@ -340,6 +412,8 @@ def _generate_torch(model: nn.Module, prompt: list[int] | torch.Tensor, tokens: 
                     torch.cuda.synchronize(device)
                 if timed:
                     times.append((time.perf_counter() - begin) * 1e3)
+                if count is not None:
+                    count.step()
     finally:
         model.train(was_training)
     return generated, times
@@ -354,9 +428,10 @@ def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, 
 
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab_size(model), (prompt_tokens,), generator=generator)
+    count = progress("generation", "PyTorch decode steps timed", (rounds + 1) * steps)
     times: list[float] = []
     for round_index in range(rounds + 1):
-        _, steps_ms = _generate_torch(model, prompt, steps, timed=True)
+        _, steps_ms = _generate_torch(model, prompt, steps, timed=True, count=count)
         if round_index:
             times += steps_ms
     return _speed(times, torch.get_num_threads())

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import ExportError, OptkitError, first_line
+from optkit.core.progress import Progress, progress
 from optkit.export.symbolics import exporter_symbolics
 
 if TYPE_CHECKING:
@@ -201,11 +202,12 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
         for name in order:
             out = scratch / name / target.name
             out.parent.mkdir()
+            shown = progress("export", f"{target.name} steps ({name} exporter)", 3)
             try:
                 checks, is_external = _export_once(prepared, reference, out, shape, name, opset=opset,
                                                    dynamic_batch=dynamic_batch, fp16=fp16, simplify=simplify,
                                                    rtol=rtol, atol=atol, external_data=external_data, seed=seed,
-                                                   metadata=metadata)
+                                                   metadata=metadata, shown=shown)
             except ExportError as e:
                 attempts[name] = str(e)
                 continue
@@ -214,6 +216,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
             result = _result(target, name, attempts, opset, dynamic_batch, fp16, simplify, is_external, checks,
                              file_size, compressed, prepared, time.perf_counter() - start)
             result.notes += [fold_note] if fold_note else []
+            if (half := _half_dtype(model)) and not fp16:
+                result.notes.append(f"{target.name} holds the {half} weights as float32 (ONNX Runtime's CPU kernels "
+                                    "have no bf16); --fp16 stores them in half the bytes")
             result.metadata = metadata
             return result
     finally:
@@ -225,8 +230,12 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
 def prepare_for_export(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` ready to export: wrappers and pruning reparametrizations removed, eval mode.
 
+    A bf16 or fp16 model's copy is float32 (ONNX Runtime's CPU kernels have no bf16; ``fp16=True`` stores the
+    exported weights as fp16 afterwards), made tensor by tensor, so no half-precision copy exists on the way.
     BatchNorm is not folded here; :func:`export_onnx` folds it on this copy.
     """
+    import torch
+    from torch import nn
     from torch.nn.utils import prune
 
     from optkit.io.checkpoint import unwrap
@@ -236,6 +245,11 @@ def prepare_for_export(model: nn.Module) -> nn.Module:
     memo = {id(getattr(m, hook._tensor_name)): getattr(m, hook._tensor_name).detach().clone()
             for m in model.modules() for hook in m._forward_pre_hooks.values()
             if isinstance(hook, prune.BasePruningMethod)}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) not in memo and tensor.dtype in (torch.bfloat16, torch.float16):
+            wide = tensor.detach().float()
+            memo[id(tensor)] = nn.Parameter(wide, requires_grad=tensor.requires_grad) if isinstance(
+                tensor, nn.Parameter) else wide
     prepared = copy.deepcopy(model, memo)
     for module in prepared.modules():
         for hook in list(module._forward_pre_hooks.values()):
@@ -243,6 +257,19 @@ def prepare_for_export(model: nn.Module) -> nn.Module:
                 prune.remove(module, hook._tensor_name)
     _route_experts_exportably(prepared)
     return prepared.eval()
+
+
+def _half_dtype(model: nn.Module) -> str | None:
+    """``bfloat16`` or ``float16`` when most of the model's parameters are in one, else ``None``."""
+    from optkit.io.checkpoint import unwrap
+
+    sizes: dict[str, int] = {}
+    for parameter in unwrap(model).parameters():
+        if parameter.is_floating_point():
+            name = str(parameter.dtype).removeprefix("torch.")
+            sizes[name] = sizes.get(name, 0) + parameter.numel()
+    largest = max(sizes, key=sizes.get, default=None)
+    return largest if largest in ("bfloat16", "float16") else None
 
 
 def _route_experts_exportably(model: nn.Module) -> None:
@@ -256,8 +283,12 @@ def _route_experts_exportably(model: nn.Module) -> None:
 
 def _folded_copy(reference: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Module, str | None]:
     """A copy of ``reference`` with BatchNorm folded where possible (verification still compares with ``reference``)."""
+    from torch import nn
+
     from optkit.model.batchnorm import fold_batchnorm
 
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in reference.modules()):
+        return reference, None  # nothing to fold (a transformer): no second copy of the model
     prepared = copy.deepcopy(reference)
     try:
         details = fold_batchnorm(prepared, input_shape=shape)
@@ -284,12 +315,15 @@ def weights_sizes(model: nn.Module) -> dict[str, int]:
     Returns:
         ``{"weights": raw bytes, "weights_gzip": bytes after gzip at its default level}``.
     """
+    import torch
+
     from optkit.io.checkpoint import unwrap
 
     compressor = _gzip_compressor()
     raw = compressed = 0
     for tensor in unwrap(model).state_dict().values():
-        data = tensor.detach().cpu().contiguous().numpy().tobytes()
+        # As raw bytes: numpy has no bfloat16, and one tensor at a time is all this holds.
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         raw += len(data)
         compressed += len(compressor.compress(data))
     compressed += len(compressor.flush())
@@ -302,9 +336,10 @@ def _gzip_compressor():
 
 def _export_once(model: nn.Module, reference: nn.Module, out: Path, shape: tuple[int, ...], exporter: str, *, opset: int,
                  dynamic_batch: bool, fp16: bool, simplify: bool, rtol: float, atol: float,
-                 external_data: bool | None, seed: int,
-                 metadata: dict[str, str]) -> tuple[list[Verification], bool]:
-    """Export ``model`` with one exporter to ``out``, post-process it and verify it against ``reference``."""
+                 external_data: bool | None, seed: int, metadata: dict[str, str],
+                 shown: Progress | None = None) -> tuple[list[Verification], bool]:
+    """Export ``model`` with one exporter to ``out``, post-process it and verify it against ``reference``
+    (``shown``: progress of its three steps)."""
     import onnx
 
     raw = out.parent / "raw" / out.name
@@ -315,6 +350,8 @@ def _export_once(model: nn.Module, reference: nn.Module, out: Path, shape: tuple
     except Exception as e:
         raise ExportError(f"the {exporter} exporter failed: {first_line(e)}") from e
     shutil.rmtree(raw.parent)
+    if shown is not None:
+        shown.step(detail="traced")
     if simplify:
         proto = _simplify(proto)
     if fp16:
@@ -323,9 +360,13 @@ def _export_once(model: nn.Module, reference: nn.Module, out: Path, shape: tuple
         proto.metadata_props.add(key=key, value=value)
     is_external = _save(proto, out, external_data)
     del proto
+    if shown is not None:
+        shown.step(detail=f"written{', weights in ' + out.name + '.data' if is_external else ''}")
     if fp16:
         _check_weights_fp16(out)
     checks = verify_onnx(reference, out, shape, dynamic_batch=dynamic_batch, rtol=rtol, atol=atol, seed=seed)
+    if shown is not None:
+        shown.step(detail="verified in ONNX Runtime")
     return checks, is_external
 
 

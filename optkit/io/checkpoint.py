@@ -247,7 +247,8 @@ def _resize_tensors(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> No
             raise ModelLoadError(f"slimmed checkpoint has weights for {key}, which the rebuilt model lacks") from e
         if name in owner._parameters:
             current = owner._parameters[name]
-            if current is None or current.shape != value.shape:
+            # A weight keeps the dtype it was saved in (a bf16 checkpoint reloads as bf16, not upcast).
+            if current is None or current.shape != value.shape or current.dtype != value.dtype:
                 owner._parameters[name] = nn.Parameter(torch.empty_like(value), requires_grad=value.is_floating_point())
         elif name in owner._buffers or name not in vars(owner):
             current = owner._buffers.get(name)

@@ -32,6 +32,12 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 #: How far a reloaded model's outputs may be from the pruned model's, relative to their largest magnitude.
 RELOAD_RTOL = 1e-5
+#: Weights are written in shards of at most this size, with ``model.safetensors.index.json`` listing them
+#: (the size most released checkpoints use; ``transformers`` 5 would write one file up to 50 GB).
+MAX_SHARD_SIZE = "5GB"
+#: Models up to this many bytes of weights are checked by reloading them with their stock class and comparing
+#: outputs; larger ones tensor by tensor against the written files, so the check holds no second copy.
+RELOAD_CHECK_MAX_BYTES = 2 ** 30
 
 
 def is_hf_spec(spec: str | os.PathLike) -> bool:
@@ -200,6 +206,12 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
                            check_inputs: dict[str, Any] | None = None) -> tuple[list[str], str | None]:
     """Write ``model`` as a ``save_pretrained`` folder and check that its stock class loads it back exactly.
 
+    The weights keep the model's dtype (a bf16 model is written in bf16) and are sharded above
+    :data:`MAX_SHARD_SIZE`, with ``model.safetensors.index.json``. A model of up to
+    :data:`RELOAD_CHECK_MAX_BYTES` is reloaded by its stock class and must give the same outputs; a larger one
+    is checked without a second copy: the stock class built from the written config (on the meta device) must
+    take every weight's shape, and every written tensor must equal the model's.
+
     Args:
         model: a ``transformers`` model (see :func:`optkit.kinds.is_hf_pretrained`), possibly pruned.
         folder: where to write (a staging folder: nothing is published here).
@@ -213,13 +225,11 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
     """
     import shutil
 
-    import torch
-
     folder = Path(folder)
     before = set(folder.iterdir())
     stock = stock_class(model)
     with _quiet_transformers():
-        model.save_pretrained(str(folder), safe_serialization=True)
+        model.save_pretrained(str(folder), safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
     _name_stock_class(folder / CONFIG, stock)
     if source is not None:
         for name in TOKENIZER_FILES:
@@ -229,18 +239,9 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
     reason = _config_mismatch(model, folder)
     try:
         if reason is None:
-            with _quiet_transformers():
-                reloaded, info = stock.from_pretrained(str(folder), local_files_only=True,
-                                                             output_loading_info=True)
-            problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-            if problems:
-                reason = "; ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in problems.items())
-        if reason is None and check_inputs is not None:
-            with torch.no_grad():
-                reloaded_out, expected = _logits(reloaded.eval()(**check_inputs)), _logits(model.eval()(**check_inputs))
-            # The same weights give the same outputs up to float rounding (kernels may differ after a reload).
-            same = torch.allclose(reloaded_out, expected, rtol=0, atol=RELOAD_RTOL * float(expected.abs().max()))
-            reason = None if same else "its outputs differ from the pruned model's"
+            large = sum(t.numel() * t.element_size() for t in model.state_dict().values()) > RELOAD_CHECK_MAX_BYTES
+            compared = _compare_written(model, folder) if large else False
+            reason = None if compared else _reload_mismatch(model, stock, folder, check_inputs)
     except Exception as e:
         reason = first_line(e, limit=200)
     if reason is None:
@@ -251,6 +252,49 @@ def save_pretrained_folder(model: nn.Module, folder: str | os.PathLike, *, sourc
                 "describe the pruned widths (layers of different widths, or layers the config has no field for), "
                 "so no save_pretrained files were written; model.pt holds the model and loads with "
                 "optkit.load_model")
+
+
+def _reload_mismatch(model: nn.Module, stock: type, folder: Path, check_inputs: dict[str, Any] | None) -> str | None:
+    """Why the stock class's reload of ``folder`` is not ``model`` (keys, then outputs on ``check_inputs``)."""
+    import torch
+
+    with _quiet_transformers():
+        reloaded, info = stock.from_pretrained(str(folder), local_files_only=True, output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if problems:
+        return "; ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in problems.items())
+    if check_inputs is None:
+        return None
+    with torch.no_grad():
+        reloaded_out, expected = _logits(reloaded.eval()(**check_inputs)), _logits(model.eval()(**check_inputs))
+    del reloaded
+    # The same weights give the same outputs up to float rounding (kernels may differ after a reload).
+    same = torch.allclose(reloaded_out, expected, rtol=0, atol=RELOAD_RTOL * float(expected.abs().max()))
+    return None if same else "its outputs differ from the pruned model's"
+
+
+def _compare_written(model: nn.Module, folder: Path) -> bool:
+    """Whether the safetensors in ``folder`` hold exactly ``model``'s weights, read one tensor at a time: every
+    written tensor equals the model's of the same name, and every weight not written is tied to one that is.
+    ``False`` when the names differ (a class that renames weights on saving): the caller reloads instead."""
+    import torch
+    from safetensors import safe_open
+
+    state = model.state_dict()
+    index = folder / SAFETENSORS_INDEX
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+             else [SAFETENSORS])
+    written: set[str] = set()
+    for name in files:
+        with safe_open(str(folder / name), framework="pt") as f:
+            for key in f.keys():
+                if key not in state:
+                    return False
+                if not torch.equal(f.get_tensor(key), state[key].detach().cpu()):
+                    raise ValueError(f"the written {key} differs from the model's")
+                written.add(key)
+    pointers = {state[key].data_ptr() for key in written}
+    return all(key in written or state[key].data_ptr() in pointers for key in state)
 
 
 def _name_stock_class(config_file: Path, stock: type) -> None:

@@ -37,10 +37,16 @@ def prepare_output_dir(out_dir: str | os.PathLike, produced: Iterable[str], *, f
 @contextlib.contextmanager
 def removed_if_left_empty(path: Path, *, created: bool) -> Iterator[None]:
     """On a failure inside the block, remove ``path`` if this run ``created`` it and nothing is in it (a refused
-    run leaves no empty folder; a folder holding anything, e.g. training checkpoints to resume from, stays)."""
+    run leaves no empty folder; a folder holding anything, e.g. training checkpoints to resume from, stays).
+
+    This process's staging and scratch folders in ``path`` go first: an interrupt (Ctrl-C, SIGTERM) that lands
+    between a folder's creation and the block that cleans it up would leave one otherwise.
+    """
     try:
         yield
     except BaseException:
+        for item in Path(path).glob(f"{STAGING_PREFIX}{os.getpid()}-*"):
+            shutil.rmtree(item, ignore_errors=True)
         if created:
             with contextlib.suppress(OSError):
                 path.rmdir()
@@ -98,6 +104,21 @@ class StagedOutputs:
     def path(self, name: str) -> Path:
         """Where to write the output file ``name`` while staging."""
         return self.staging / name
+
+
+@contextlib.contextmanager
+def scratch_folder(out_dir: str | os.PathLike, label: str = "scratch") -> Iterator[Path]:
+    """A hidden working folder inside the output folder, removed when the block ends however it ends.
+
+    Named like a staging folder (with the writer's process id), so a run killed outright (SIGKILL), which
+    cannot remove it, leaves it only in the output folder, where the next run's :func:`remove_stale_staging`
+    deletes it; nothing is left in the system's temporary folder.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-{label}-", dir=out_dir))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_error(out_dir: Path, error: OSError) -> OptkitError:

@@ -21,6 +21,8 @@ them with the original model's outputs when given.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["KIND_ATTRIBUTE", "EvalData", "EvalSet", "ModelInputs", "ModelKind", "ScoreColumn", "Throughput", "call_with",
-           "export_view", "flatten_tensors", "is_hf_pretrained", "model_device"]
+           "eval_progress", "export_view", "flatten_tensors", "is_hf_pretrained", "model_device"]
 
 #: The attribute a named kind is stored under on a model (it survives ``copy.deepcopy`` and in-place pruning).
 KIND_ATTRIBUTE = "_optkit_kind"
@@ -359,6 +361,32 @@ class ModelKind:
         """
         raise NotImplementedError(f"the {self.name} kind has no scoring")
 
+    def reference(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int) -> Any:
+        """What later stages are compared with (:meth:`score`'s ``reference``, and :meth:`score` of it gives the
+        original's own figures): computed now, so passes that change ``model`` in place afterwards do not
+        change it, and kept only as large as scoring needs. By default :meth:`eval_outputs`."""
+        return self.eval_outputs(model, eval_set, batch_size)
+
+    def score_model(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int,
+                    reference: Any = None) -> dict[str, Any]:
+        """:meth:`score` of a model or file's outputs, computed now (nothing is kept for a later read)."""
+        return self.score(self.eval_outputs(model, eval_set, batch_size), eval_set, reference)
+
+
+#: The stage whose scoring batches :func:`output_batches` counts as progress (see :func:`eval_progress`).
+_EVAL_STAGE: ContextVar[str | None] = ContextVar("optkit_eval_stage", default=None)
+
+
+@contextmanager
+def eval_progress(stage: str) -> Iterator[None]:
+    """Within the block, the batches scored on an eval set are shown as progress of ``stage``
+    (:func:`optkit.core.progress.progress`); elsewhere (searches scoring many candidates) they are not."""
+    token = _EVAL_STAGE.set(stage)
+    try:
+        yield
+    finally:
+        _EVAL_STAGE.reset(token)
+
 
 def output_batches(kind: ModelKind, model: nn.Module | str | os.PathLike, eval_set: EvalSet,
                    batch_size: int) -> Iterator[torch.Tensor]:
@@ -368,6 +396,20 @@ def output_batches(kind: ModelKind, model: nn.Module | str | os.PathLike, eval_s
     Raises:
         OptkitError: for an ONNX file whose inputs are not the eval set's.
     """
+    stage = _EVAL_STAGE.get()
+    if stage is None:
+        yield from _output_batches(kind, model, eval_set, batch_size)
+        return
+    from optkit.core.progress import progress
+
+    count = progress(stage, "batches scored", -(-len(eval_set) // batch_size))
+    for output in _output_batches(kind, model, eval_set, batch_size):
+        yield output
+        count.step()
+
+
+def _output_batches(kind: ModelKind, model: nn.Module | str | os.PathLike, eval_set: EvalSet,
+                    batch_size: int) -> Iterator[torch.Tensor]:
     if isinstance(model, (str, os.PathLike)):
         yield from _onnx_batches(model, eval_set, batch_size)
         return

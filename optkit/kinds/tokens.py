@@ -156,9 +156,23 @@ class TokenModel(ModelKind):
     def eval_outputs(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int) -> TokenLogits:
         return TokenLogits(self, model, eval_set, batch_size)
 
-    def score(self, outputs: TokenLogits, eval_set: EvalSet, reference: TokenLogits | None = None) -> dict[str, Any]:
+    def reference(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int) -> TokenReference:
+        """The original's next-token distributions in one pass, kept compactly (:class:`TokenReference`)."""
+        return TokenReference.measure(self, model, eval_set, batch_size)
+
+    def score_model(self, model: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int,
+                    reference: TokenReference | TokenLogits | None = None) -> dict[str, Any]:
+        return self.score(TokenLogits(self, model, eval_set, batch_size, copy=False), eval_set, reference)
+
+    def score(self, outputs: TokenLogits | TokenReference, eval_set: EvalSet,
+              reference: TokenLogits | TokenReference | None = None) -> dict[str, Any]:
         """Perplexity and next-token top-1 over the positions with a next token and, given the original's
         outputs, top-1 agreement and mean KL(original || this) per position.
+
+        ``outputs`` may be a :class:`TokenReference` (the original's figures, taken when it was measured).
+        Against a :class:`TokenReference` the KL is exact over the original's top
+        :attr:`TokenReference.top_k` tokens per position, and the rest of the vocabulary's share is estimated
+        from tokens drawn from the original's distribution (exact when ``top_k`` is the whole vocabulary).
 
         Returns:
             ``{"samples", "tokens", "perplexity", "accuracy", "agreement", "mean_kl"}`` (``tokens``: the
@@ -166,19 +180,26 @@ class TokenModel(ModelKind):
         """
         import torch
 
+        if isinstance(outputs, TokenReference):
+            return dict(outputs.scores)
         nll = kl = 0.0
         correct = agreed = count = samples = 0
-        references = reference.batches() if reference is not None else None
+        references = reference.batches() if isinstance(reference, TokenLogits) else None
         for start, logits in outputs.batches():
             targets = eval_set.targets[start:start + len(logits)]
             scored = targets != IGNORE
             log_probs = torch.log_softmax(logits[:, :-1], dim=-1)
+            del logits
             nll -= float(log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)[scored].double().sum())
             predicted = log_probs.argmax(-1)
             correct += int((predicted == targets)[scored].sum())
             count += int(scored.sum())
-            samples += len(logits)
-            if references is not None:
+            samples += len(targets)
+            if isinstance(reference, TokenReference):
+                original_top, kl_sum = reference.compare(start, log_probs, scored)
+                agreed += int((predicted == original_top)[scored].sum())
+                kl += kl_sum
+            elif references is not None:
                 _, original = next(references)
                 original = torch.log_softmax(original[:, :-1], dim=-1)
                 agreed += int((predicted == original.argmax(-1))[scored].sum())
@@ -209,9 +230,9 @@ class TokenLogits:
 
     The logits of a whole text (blocks × length × vocabulary floats) do not fit in
     memory, so they are never kept: :meth:`batches` runs the model, or the ONNX
-    file, again. The model is copied when this is made, so passes that later
-    change it in place do not change these outputs (the original's outputs stay
-    the reference that every stage is compared with).
+    file, again. With ``copy`` (the default) the model is copied when this is made,
+    so passes that later change it in place do not change these outputs; without it
+    (read at once, as :meth:`TokenModel.score_model` does) no copy is made.
 
     Args:
         kind: the token kind.
@@ -219,16 +240,17 @@ class TokenLogits:
         eval_set: the samples.
         batch_size: blocks per forward pass, at most (fewer when their logits would pass
             :data:`LOGITS_PER_BATCH` values).
+        copy: keep a copy of a PyTorch model (see above).
     """
 
-    def __init__(self, kind: TokenModel, source: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int):
-        import copy
+    def __init__(self, kind: TokenModel, source: nn.Module | str | os.PathLike, eval_set: EvalSet, batch_size: int,
+                 *, copy: bool = True):
+        import copy as copying
 
         self.kind = kind
-        self.source = source if isinstance(source, (str, os.PathLike)) else copy.deepcopy(source)
+        self.source = source if isinstance(source, (str, os.PathLike)) or not copy else copying.deepcopy(source)
         self.eval_set = eval_set
-        length = eval_set.targets.shape[1] + 1
-        self.batch_size = max(1, min(batch_size, LOGITS_PER_BATCH // (length * (eval_set.num_classes or 1))))
+        self.batch_size = logits_batch_size(eval_set, batch_size)
 
     def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
         """``(first block's index, logits)`` per batch, float32 on the CPU."""
@@ -236,6 +258,121 @@ class TokenLogits:
         for logits in output_batches(self.kind, self.source, self.eval_set, self.batch_size):
             yield start, logits
             start += len(logits)
+
+
+def logits_batch_size(eval_set: EvalSet, batch_size: int) -> int:
+    """Blocks per forward pass while scoring: at most ``batch_size``, and fewer when their logits would pass
+    :data:`LOGITS_PER_BATCH` values."""
+    length = eval_set.targets.shape[1] + 1
+    return max(1, min(batch_size, LOGITS_PER_BATCH // (length * (eval_set.num_classes or 1))))
+
+
+#: Bytes a :class:`TokenReference` may keep for the original's top tokens (8 bytes per token and position);
+#: the vocabulary is kept whole where it fits, else at least :data:`REFERENCE_MIN_TOP_K` tokens per position.
+REFERENCE_BYTES = 2 ** 27
+REFERENCE_MIN_TOP_K = 64
+#: Tokens drawn per position from the original's distribution beyond its top tokens (the rest of the KL).
+REFERENCE_SAMPLES = 32
+
+
+class TokenReference:
+    """The original model's next-token distributions on an eval set, kept compactly for comparing later stages.
+
+    Per position: the argmax (agreement); the ``top_k`` most likely tokens with their log-probabilities; and,
+    when they are not the whole vocabulary, the log of the probability left to the rest and
+    :data:`REFERENCE_SAMPLES` tokens drawn from the original's distribution over the rest, with their
+    log-probabilities. KL(original || stage) is then the sum over the top tokens, exact, plus the rest's
+    share estimated from the drawn tokens (unbiased; averaged over every position scored). ``top_k`` is the
+    whole vocabulary where that fits in :data:`REFERENCE_BYTES` (the KL is then exact), else as many tokens
+    as fit, at least :data:`REFERENCE_MIN_TOP_K`: the memory grows with the positions scored, never with
+    blocks × length × vocabulary. The original's own figures are taken in the same pass.
+
+    Attributes:
+        top_k: tokens kept per position.
+        vocabulary: the size of the distributions.
+        scores: the original's figures (as :meth:`TokenModel.score` returns them, without a reference).
+    """
+
+    def __init__(self, top_k: int, vocabulary: int, tensors: dict[str, torch.Tensor], scores: dict[str, Any]):
+        self.top_k, self.vocabulary, self.tensors, self.scores = top_k, vocabulary, tensors, scores
+
+    @property
+    def exact(self) -> bool:
+        """Whether the KL against this reference is exact (the top tokens are the whole vocabulary)."""
+        return self.top_k >= self.vocabulary
+
+    @classmethod
+    def measure(cls, kind: TokenModel, source: nn.Module | str | os.PathLike, eval_set: EvalSet,
+                batch_size: int, *, seed: int = 0) -> TokenReference:
+        """Run ``source`` (a model or an ONNX file) on ``eval_set`` once and keep what later scores need."""
+        import torch
+
+        blocks, positions = eval_set.targets.shape
+        generator = torch.Generator().manual_seed(seed)
+        kept: dict[str, torch.Tensor] = {}
+        nll = 0.0
+        correct = count = samples = 0
+        top_k = vocabulary = 0
+        for start, logits in TokenLogits(kind, source, eval_set, batch_size, copy=False).batches():
+            log_probs = torch.log_softmax(logits[:, :-1], dim=-1)
+            del logits
+            if not kept:
+                vocabulary = log_probs.shape[-1]
+                fits = REFERENCE_BYTES // max(1, 8 * blocks * positions)
+                top_k = min(vocabulary, max(REFERENCE_MIN_TOP_K, fits))
+                shapes = {"argmax": ((), torch.int32), "top_ids": ((top_k,), torch.int32),
+                          "top_log_probs": ((top_k,), torch.float32)}
+                if top_k < vocabulary:
+                    shapes.update({"rest_log_prob": ((), torch.float32),
+                                   "sample_ids": ((REFERENCE_SAMPLES,), torch.int32),
+                                   "sample_log_probs": ((REFERENCE_SAMPLES,), torch.float32)})
+                kept = {name: torch.empty(blocks, positions, *shape, dtype=dtype)
+                        for name, (shape, dtype) in shapes.items()}
+            end = start + len(log_probs)
+            targets = eval_set.targets[start:end]
+            scored = targets != IGNORE
+            nll -= float(log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)[scored].double().sum())
+            predicted = log_probs.argmax(-1)
+            correct += int((predicted == targets)[scored].sum())
+            count += int(scored.sum())
+            samples += len(targets)
+            kept["argmax"][start:end] = predicted
+            values, ids = log_probs.topk(top_k, dim=-1)
+            kept["top_ids"][start:end], kept["top_log_probs"][start:end] = ids, values
+            if top_k < vocabulary:
+                rest, drawn = _draw_from_rest(log_probs, ids, REFERENCE_SAMPLES, generator)
+                kept["rest_log_prob"][start:end] = rest
+                kept["sample_ids"][start:end] = drawn
+                kept["sample_log_probs"][start:end] = log_probs.gather(-1, drawn)
+        scores = {"samples": samples, "tokens": count, "perplexity": math.exp(nll / count),
+                  "accuracy": correct / count, "agreement": None, "mean_kl": None}
+        return cls(top_k, vocabulary, kept, scores)
+
+    def compare(self, start: int, log_probs: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The original's argmax for the blocks from ``start`` on, and the summed KL(original || ``log_probs``)
+        over the ``scored`` positions (log-probabilities of the blocks being scored, ``B×P×V``)."""
+        end = start + len(log_probs)
+        part = {name: tensor[start:end] for name, tensor in self.tensors.items()}
+        original = part["top_log_probs"].double()
+        kl = (original.exp() * (original - log_probs.gather(-1, part["top_ids"].long()).double())).sum(-1)
+        if not self.exact:
+            drawn = part["sample_log_probs"].double() - log_probs.gather(-1, part["sample_ids"].long()).double()
+            kl = kl + part["rest_log_prob"].double().exp() * drawn.mean(-1)
+        return part["argmax"].long(), float(kl[scored].sum())
+
+
+def _draw_from_rest(log_probs: torch.Tensor, top_ids: torch.Tensor, count: int,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log of the probability of every token but ``top_ids``, and ``count`` tokens drawn (with replacement)
+    from the distribution over those tokens, per position."""
+    import torch
+
+    rest = log_probs.scatter(-1, top_ids, float("-inf"))
+    total = rest.logsumexp(-1, keepdim=True)
+    # Where the rest has no probability at all its share of the KL is 0: draw from anything.
+    rest = torch.where(torch.isfinite(total), rest - total, torch.zeros_like(rest)).exp_()
+    drawn = torch.multinomial(rest.reshape(-1, rest.shape[-1]), count, replacement=True, generator=generator)
+    return total.squeeze(-1), drawn.reshape(*log_probs.shape[:-1], count)
 
 
 def token_inputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> ModelInputs:

@@ -146,3 +146,39 @@ def test_optkit_export_writes_the_decode_graph_beside_and_refuses_to_replace_it_
     refused = CliRunner().invoke(main, command)
     assert refused.exit_code != 0 and "lm.decode.onnx already exists; pass --force" in refused.output
     assert not target.exists()
+
+
+def test_weights_over_the_threshold_go_to_external_data_beside_each_graph_and_verify(lm_folder, tmp_path, monkeypatch):
+    """Files over 2 GB keep their weights in NAME.data; the threshold is lowered here so a tiny model crosses it."""
+    import onnx
+
+    from optkit.export import onnx as onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 1024)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["optimize", str(lm_folder), "--seq-len", "16", "--prune", "0.5",
+                                       "--export", "onnx", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    for name in ("model.onnx", "model.decode.onnx"):
+        graph, data = out / name, out / f"{name}.data"
+        assert data.stat().st_size > 100_000  # the pruned weights (about 37k), in float32
+        assert report["files"][name] == graph.stat().st_size and report["files"][data.name] == data.stat().st_size
+        onnx.checker.check_model(str(graph))  # by path: the checker reads the data beside
+        proto = onnx.load(str(graph), load_external_data=False)
+        inline = [init for init in proto.graph.initializer if init.data_location != onnx.TensorProto.EXTERNAL]
+        assert len(inline) < len(proto.graph.initializer) and all(len(init.raw_data) <= 1024 for init in inline)
+    assert report["export"]["external_data"] and report["export"]["decode"]["external_data"]
+    pruned = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(4))
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    (actual,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": np.ones_like(ids.numpy())})
+    with torch.no_grad():
+        expected = pruned(ids).logits.numpy()
+    np.testing.assert_allclose(actual, expected, atol=1e-4 * float(np.abs(expected).max()))
+    generation = report["generation"]
+    assert generation["after_onnx_matches"] is True and "onnxruntime" in generation  # the original's graph too
+    prompt = torch.tensor([generation["prompt_ids"]])
+    greedy = pruned.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, min_new_tokens=20,
+                             do_sample=False, pad_token_id=0)[0, prompt.shape[1]:].tolist()
+    assert decode.generate_onnx(out / "model.decode.onnx", generation["prompt_ids"], 20) == greedy

@@ -143,7 +143,8 @@ def test_optimize_writes_a_folder_the_stock_class_loads(folders, tmp_path):
     assert stock.lm_head.weight is stock.model.embed_tokens.weight  # still tied
     assert (out / "tokenizer_config.json").is_file()
     assert sum(p.numel() for p in stock.parameters()) <= 0.8 * sum(p.numel() for p in llama.parameters())
-    pruned = load(out / "model.pt").model.eval()
+    assert not (out / "model.pt").exists()  # one copy: the folder
+    pruned = load(out).model.eval()
     ids = _ids()
     with torch.no_grad():
         expected = pruned(ids).logits

@@ -189,7 +189,7 @@ def test_optimize_prunes_a_token_model_given_as_state_dict_and_arch(llama_file, 
     result = CliRunner().invoke(main, ["optimize", str(llama_file), "--arch", ARCH.format("TinyLlama"),
                                        "--prune", "0.3", "--seq-len", "32", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    reloaded = load(out / "model.pt").model
+    reloaded = load(out).model  # a transformers class: the result is the save_pretrained folder
     widths = {n: tuple(p.shape) for n, p in reloaded.named_parameters()}
     assert widths["model.layers.0.mlp.up_proj.weight"][0] < 160
     assert widths["model.layers.0.self_attn.q_proj.weight"] == (32, 64)  # 2 of 4 heads: one of 2 KV groups

@@ -93,7 +93,7 @@ def _decode_graph(model: nn.Module, target: Path, details: dict) -> dict:
     except ExportError as e:
         return {"notes": [*details["notes"], f"{path.name} was not written: {e}"]}
     written["path"] = path.name
-    written["file_size"] = path.stat().st_size
+    written["file_size"] = decode.graph_bytes(path)
     return {"decode": written, "files": {target.name: details["file_size"], path.name: written["file_size"]}}
 
 

@@ -184,6 +184,6 @@ def test_torchrun_prune_and_distill_with_fsdp_writes_a_stock_folder(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("Wrote model.pt") == 1 and "sharded with FSDP over 2 processes" in done.stderr
+    assert done.stdout.count("Wrote config.json") == 1 and "sharded with FSDP over 2 processes" in done.stderr
     assert torch.load(out / "finetune.ckpt", weights_only=True)["settings"]["sharding"] == "fsdp"
     AutoModelForCausalLM.from_pretrained(out)

@@ -46,7 +46,7 @@ def test_optimize_prunes_the_type_and_the_stock_class_reloads_it(model_type, tmp
     out = tmp_path / "out"
     shape = ["--input-shape", f"1,3,{IMAGE_SIZE},{IMAGE_SIZE}"] if is_image(model_type) else ["--seq-len", str(SEQ_LEN)]
     result = CliRunner().invoke(main, ["optimize", str(tmp_path / "in"), "--prune", "0.3", "--export", "onnx",
-                                       "--no-latency", *shape, "--out", str(out)])
+                                       "--no-latency", "--save-pt", *shape, "--out", str(out)])
     assert result.exit_code == 0, result.output
 
     stock, info = getattr(transformers, AUTO_CLASS[model_type]).from_pretrained(out, output_loading_info=True)
