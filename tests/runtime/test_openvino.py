@@ -57,5 +57,5 @@ def test_without_openvino_everything_says_how_to_install_it(onnx_file, monkeypat
     monkeypatch.setitem(sys.modules, "openvino", None)
     assert not ov.available() and ov.missing_note() == ov.MISSING_NOTE
     assert ov.unavailable("fp32") == "OpenVINO is not installed (pip install -e '.[openvino]')"
-    with pytest.raises(ExportError, match=r"^OpenVINO is not installed; pip install 'optkit\[openvino\]' to deploy"):
+    with pytest.raises(ExportError, match=r"^OpenVINO is not installed; pip install -e '\.\[openvino\]' to deploy"):
         ov.read(onnx_file)

@@ -106,7 +106,7 @@ def test_fp32_without_data_is_checked_on_random_inputs(fashion_onnx, tmp_path):
 def test_without_openvino_it_says_how_to_install_and_writes_nothing(fashion_onnx, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "openvino", None)
     with pytest.raises(ExportError, match=r"OpenVINO fp32 cannot run here: OpenVINO is not installed \(pip install "
-                                          r"'optkit\[openvino\]'\); nothing was written"):
+                                          r"-e '\.\[openvino\]'\); nothing was written"):
         openvino_ir(fashion_onnx, tmp_path / "model.xml", "fp32", input_shape=SHAPE)
     assert list(tmp_path.iterdir()) == []
 
