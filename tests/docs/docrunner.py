@@ -8,8 +8,9 @@ What each kind of block and line does here (#42):
 * ``optkit ...`` runs in this process through click's CliRunner, but sees
   what a new ``optkit`` process would: the folder the user is in is not on
   ``sys.path`` unless the line sets ``PYTHONPATH`` (a console script does not
-  add it), and modules an earlier block imported from the folder are
-  forgotten;
+  add it), modules an earlier block imported from the folder are forgotten,
+  and torch's random state starts from one seed (what random weights a
+  ``torchvision:NAME`` line builds does not depend on the lines before it);
 * ``python ...`` runs in a subprocess of this interpreter, in the folder,
   with only the ``PYTHONPATH`` the line sets;
 * ``ls``, ``cat``, ``head``, ``mkdir``, ``cp`` run as they are;
@@ -182,6 +183,10 @@ class Runner:
         import importlib
 
         importlib.invalidate_caches()
+        # A new process's random state does not depend on the lines before it: each line starts from one seed.
+        import torch
+
+        torch.manual_seed(0)
         cwd = os.getcwd()
         os.chdir(self.folder)
         try:
