@@ -36,6 +36,7 @@ def machine(monkeypatch):
     fake = Machine()
     monkeypatch.setattr(latency, "load_average", fake.load_average)
     monkeypatch.setattr(latency, "usable_cores", lambda: 2)
+    monkeypatch.setattr(latency, "NOISY_SPREAD", 1.3)
     return fake
 
 
