@@ -11,8 +11,10 @@ Usage (no timing is compared):
 
     python benchmarks/hf_beyond.py
     python benchmarks/hf_beyond.py --types falcon dinov2   # rerun some, keep the others' rows
+    python benchmarks/hf_beyond.py --types esm focalnet    # types held out from both sets (HELD_OUT)
 
-Writes benchmarks/results/hf-beyond.{json,md}.
+Writes benchmarks/results/hf-beyond.{json,md} for the ``BEYOND`` types and hf-held-out.{json,md} for the
+``HELD_OUT`` ones (issue #41); a run of some types keeps the other rows of each file.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _hf_configs import BEYOND, is_decoder, is_image  # noqa: E402
+from _hf_configs import BEYOND, HELD_OUT, is_decoder, is_image  # noqa: E402
 from hf_zoo import run_optkit, type_arguments  # noqa: E402
 
 CHECKS = ("reload_ok", "logits_equal", "onnx_ok")
+# Each set of types and the results file it writes.
+SETS = (("hf-beyond", BEYOND, "Hugging Face types outside the development set", "`BEYOND`"),
+        ("hf-held-out", HELD_OUT, "Hugging Face types held out from the development and beyond sets", "`HELD_OUT`"))
 
 
 def works(row: dict, model_type: str) -> bool:
@@ -39,12 +44,12 @@ def works(row: dict, model_type: str) -> bool:
     return row.get("exit_code") == 0 and all(row.get(c) for c in checks) and row.get("params_ok", False)
 
 
-def markdown(rows: list[dict], command: str) -> str:
+def markdown(rows: list[dict], command: str, title: str = SETS[0][2], listed: str = SETS[0][3]) -> str:
     good = [r for r in rows if r["works"]]
     lines = [
-        "# `optkit optimize` on Hugging Face types outside the development set",
+        f"# `optkit optimize` on {title}",
         "",
-        f"Command: `{command}`. Each type: a tiny config (`BEYOND` in `benchmarks/_hf_configs.py`), random weights, "
+        f"Command: `{command}`. Each type: a tiny config ({listed} in `benchmarks/_hf_configs.py`), random weights, "
         "`save_pretrained`, then `python -m optkit optimize DIR --prune 0.3 --export onnx --no-latency` "
         "(`--seq-len 32`, or `--input-shape 1,3,32,32`). Checked apart from optkit as in `hf-zoo.md`.",
         "",
@@ -72,12 +77,20 @@ def markdown(rows: list[dict], command: str) -> str:
 
 
 def main() -> None:
-    args, types = type_arguments(__doc__, BEYOND, 300.0, "among the types beyond the development set")
-    path = args.out / "hf-beyond.json"
-    previous = {r["type"]: r for r in json.loads(path.read_text())["rows"]} if args.types and path.exists() else {}
+    args, types = type_arguments(__doc__, BEYOND + HELD_OUT, 300.0, "among the types beyond the development set")
     command = " ".join(["python benchmarks/hf_beyond.py", *sys.argv[1:]])
+    for stem, known, title, listed in SETS:
+        if any(t in types for t in known):
+            run_set(args, types, stem, known, command, title, listed)
+
+
+def run_set(args, types: list[str], stem: str, known: tuple[str, ...], command: str, title: str,
+            listed: str) -> None:
+    """Run the chosen types of one set; the set's other rows are kept from its last results file."""
+    path = args.out / f"{stem}.json"
+    previous = {r["type"]: r for r in json.loads(path.read_text())["rows"]} if args.types and path.exists() else {}
     rows = []
-    for model_type in BEYOND:
+    for model_type in known:
         if model_type not in types:
             if model_type in previous:
                 rows.append(previous[model_type])
@@ -94,8 +107,16 @@ def main() -> None:
         rows.append(row)
         print(f"{model_type}: {'works' if row['works'] else 'no'} params {row.get('params_ratio')}", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"command": command, "rows": rows}, indent=1, default=str) + "\n")
-        (args.out / "hf-beyond.md").write_text(markdown(rows, command))
+        kept = [previous[t] for t in known[known.index(model_type) + 1:] if t in previous and t not in types]
+        _write(path, json.dumps({"command": command, "rows": rows + kept}, indent=1, default=str) + "\n")
+        _write(args.out / f"{stem}.md", markdown(rows + kept, command, title, listed))
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a stopped run leaves the last complete table)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 if __name__ == "__main__":

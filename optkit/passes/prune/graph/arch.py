@@ -83,7 +83,8 @@ class ArchSupport:
     @contextlib.contextmanager
     def tracing(self) -> Iterator[None]:
         """Context in which torch-pruning may trace the model."""
-        with _prune_opaque.opaque(self.opaque), _tp_fixes.concat_sizes_from_autograd():
+        with _prune_opaque.opaque(self.opaque), _tp_fixes.concat_sizes_from_autograd(), \
+                _tp_fixes.converging_groups():
             yield
 
     def finish(self, model: nn.Module) -> None:

@@ -55,13 +55,15 @@ def prune_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any
 
     if spec.submodule is None and describes_transformer(model):
         from optkit.passes.prune.hf.entry import prune_transformer_to
+        from optkit.passes.prune.hf.transformer import heads_with_stream
 
-        return prune_transformer_to(model, spec, widths)
+        return heads_with_stream(model, spec, widths, prune_transformer_to(model, spec, widths))
     if spec.drop_blocks:
         raise ValueError("drop_blocks removes blocks of a Hugging Face transformer (a model with a config and "
                          "repeated blocks); this model is not one")
+    search_notes: list[str] = []
     if spec.submodule is None and widths.per_group is None and not widths.global_ and widths.steps == 1:
-        described = _prune_to_config_widths(model, spec, widths)
+        described = _prune_to_config_widths(model, spec, widths, search_notes)
         if described is not None:
             return described
     ratio = widths.ratio
@@ -99,18 +101,26 @@ def prune_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any
                                     f"{count} held, see held_layers")
     details["fallback"] = {"trials": outcome.trials, "seconds": outcome.seconds}
     if "shortfall" in details:
+        stopped = any(reason.startswith(_fallback.UNTESTED_REASON.split("(")[0]) for reason in outcome.held.values())
+        bound = (f"; it stopped at its budget (fallback_budget_s {spec.fallback_budget_s:g} s, fallback_trials "
+                 f"{spec.fallback_trials}) and kept the best prune found, holding the groups it had not tested"
+                 if stopped else "")
         details["notes"] = [f"structured_prune {details['shortfall']} (fallback search: {outcome.trials} "
-                            f"trial prune(s), {outcome.seconds:.1f} s)"]
+                            f"trial prune(s), {outcome.seconds:.1f} s{bound})"]
     if submodule:
         details["submodule"] = submodule
     if spec.timeout_s and not _limits.limit_available():
         details["time_limit"] = "not enforced (SIGALRM needs the main thread)"
+    if search_notes:
+        details["notes"] = [*details.get("notes", []), *search_notes]
     return details
 
 
-def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths) -> dict[str, Any] | None:
+def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths,
+                            notes: list[str] | None = None) -> dict[str, Any] | None:
     """Prune a ``transformers`` model to the widths its own config can state (:mod:`.config_widths`), so the stock
-    class reloads it; ``None`` (and ``model`` unchanged) when its config states none or the result differs."""
+    class reloads it; ``None`` (and ``model`` unchanged) when its config states none or the result differs
+    (a line on a search stopped at its budget then goes to ``notes``)."""
     import copy
     import dataclasses
 
@@ -118,7 +128,7 @@ def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths) -
     from optkit.passes.prune.hf import config_heads
     from optkit.passes.prune.hf import config_widths
 
-    described = config_widths.describe(model, spec, widths)
+    described = config_widths.describe(model, spec, widths, notes)
     if described is None:
         return None
     trial = copy.deepcopy(detach_caches(model))  # describe traced it with autograd on
@@ -133,6 +143,7 @@ def _prune_to_config_widths(model: nn.Module, spec: PruneSpec, widths: Widths) -
     details.setdefault("notes", []).append(
         f"structured_prune kept the widths the model's config states ({described.summary()}), so its stock "
         "class reloads it")
+    details["notes"] += described.notes
     return details
 
 

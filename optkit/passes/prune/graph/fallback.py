@@ -35,11 +35,14 @@ from optkit.kinds.base import call_with
 from optkit.model.state import detach_caches
 from optkit.passes.prune.graph import pruner as _engine
 from optkit.passes.prune.graph import limits as _limits
+from optkit.passes.prune.graph.tp_fixes import converging_groups
 
 if TYPE_CHECKING:
     from torch import nn
 
 OTHERS_REASON = "held while other groups were tested"
+#: The name progress lines are shown under.
+STAGE = "structured_prune"
 UNTESTED_REASON = "held untested: the fallback search ran out of its budget ({})"
 
 
@@ -122,8 +125,11 @@ class _Search:
     """The fallback search's state: trials made, groups held (root -> reason), the best checked copy."""
 
     def __init__(self, job: Job, reference: list) -> None:
+        from optkit.core.progress import progress
+
         self.job, self.reference = job, reference
         self.trials, self.started = 0, time.monotonic()
+        self.shown = progress(STAGE, "fallback search trial prunes", job.max_trials)
         self.best: tuple[Any, dict[str, str]] | None = None
         self.held: dict[str, str] = {}
         self.errors: dict[tuple[str, ...], str] = {}
@@ -145,6 +151,7 @@ class _Search:
         extra.update({member: OTHERS_REASON for u in others for member in u.members or (u.root,)})
         work, skipped, error, self.where = attempt(self.job, extra, self.reference)
         self.trials += 1
+        self.shown.step(detail=f"{len(self.held)} group(s) held")
         if error is None:
             self.best = (work, skipped)
             return True
@@ -314,13 +321,18 @@ def screen(job: Job, held: dict[str, str]) -> tuple[list[_Unit], str | None]:
         return [], f"torch-pruning could not trace the model: {describe(e)}"
     with contextlib.suppress(Exception), group_time_limit(job.group_limit_s):
         _engine.hold_unprunable_grouped_convs(graph, kept)
+    from optkit.core.progress import progress
+
     ignored = {m for h in kept if isinstance(h, nn.Module) for m in h.modules()}
     roots = tuple(_engine.root_types())
     units: list[_Unit] = []
     visited: set = set()
     failed_roots: dict[tuple[str, str], str] = {}
-    for module in list(graph.module2node):
-        if module in ignored or module in visited or not isinstance(module, roots) or module not in names:
+    candidates = [m for m in graph.module2node if isinstance(m, roots)]
+    shown = progress(STAGE, "fallback search: groups screened", len(candidates))
+    for module in candidates:
+        shown.step()
+        if module in ignored or module in visited or module not in names:
             continue
         pruner = graph.get_pruner_of_module(module)
         if pruner is None or pruner.get_out_channels(module) is None:
@@ -413,7 +425,8 @@ def group_time_limit(seconds: float | None) -> Iterator[None]:
     for name, update in updaters.items():
         setattr(index_mapping, name, tolerant(update))
     try:
-        yield
+        with converging_groups():
+            yield
     finally:
         graph_class.get_pruning_group = original
         for name, update in updaters.items():

@@ -46,6 +46,7 @@ def prunable_groups(settings: Pass, model: nn.Module) -> list[Group]:
     import torch_pruning as tp
 
     from optkit.passes.prune.graph import pruner as engine
+    from optkit.passes.prune.graph.tp_fixes import converging_groups
 
     root, inputs, submodule = settings._root_and_inputs(model)
     held, _ = engine.user_choices(root, settings.ignored_layers, None)
@@ -55,7 +56,7 @@ def prunable_groups(settings: Pass, model: nn.Module) -> list[Group]:
     names = {m: n for n, m in root.named_modules()}
     graph = plan.pruner.DG
     groups = []
-    with torch.no_grad():
+    with torch.no_grad(), converging_groups():
         for group in graph.get_all_groups(ignored_layers=plan.pruner.ignored_layers,
                                           root_module_types=plan.pruner.root_module_types):
             try:

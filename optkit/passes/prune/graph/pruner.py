@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from optkit.kinds.base import ModelInputs, call_with
 from optkit.passes.prune.graph.arch import ArchSupport, arch_support, input_group, unprunable_grouped_convs
+from optkit.passes.prune.graph.tp_fixes import converging_groups
 
 if TYPE_CHECKING:
     from torch import nn
@@ -227,7 +228,7 @@ def run_plan(plan: Plan, before_step: Callable[[], None] | None = None, bias_cor
     for _ in range(plan.pruner.iterative_steps):
         if before_step is not None:
             before_step()
-        with torch.no_grad():
+        with torch.no_grad(), converging_groups():
             for group in plan.pruner.step(interactive=True):
                 pruned.update(dep.target.module for dep, _ in group)
                 if bias_correction:
@@ -293,9 +294,10 @@ def prunable_modules(plan: Plan) -> set:
     """Modules some prunable group would change (a dry run of :func:`run_plan`)."""
     pruner = plan.pruner
     found: set = set()
-    for group in pruner.DG.get_all_groups(ignored_layers=pruner.ignored_layers,
-                                          root_module_types=pruner.root_module_types):
-        found.update(dep.target.module for dep, _ in group)
+    with converging_groups():
+        for group in pruner.DG.get_all_groups(ignored_layers=pruner.ignored_layers,
+                                              root_module_types=pruner.root_module_types):
+            found.update(dep.target.module for dep, _ in group)
     return found
 
 
@@ -324,9 +326,16 @@ def skipped_report(root: nn.Module, plans: list[Plan], changed: set, round_to: i
 
 
 def _tied_reason(plan: Plan, module: nn.Module, round_to: int) -> str:
+    from optkit.passes.prune.graph.tp_fixes import GroupDoesNotConverge
+
     graph = plan.pruner.DG
     pruner_fn = graph.get_pruner_of_module(module)
-    group = graph.get_pruning_group(module, pruner_fn.prune_out_channels, list(range(pruner_fn.get_out_channels(module))))
+    try:
+        with converging_groups():
+            group = graph.get_pruning_group(module, pruner_fn.prune_out_channels,
+                                            list(range(pruner_fn.get_out_channels(module))))
+    except GroupDoesNotConverge as error:
+        return f"torch-pruning cannot build its dependency group ({error})"
     for dep, _ in group:
         target = dep.target.module
         if target is not module and target in plan.held and graph.is_out_channel_pruning_fn(dep.handler):

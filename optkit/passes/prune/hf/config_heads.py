@@ -56,21 +56,25 @@ class HeadFields:
               ) -> dict[str, Any] | None:
         """``fields`` with every element at the head count its units' widths in ``built`` take: whole heads of
         their old width where the new width is a whole number of them, else the old count (narrower heads);
-        ``None`` when some unit's new width takes neither."""
+        ``None`` when some unit's new width takes neither.
+
+        One element may set the head count of units of different widths (MobileViT's one ``num_attention_heads``
+        for every stage): the count must then suit every unit's new width, whole heads where all of them allow
+        the same number, else the old count with narrower heads in each."""
         by_name = {unit.name: unit for unit in units}
         counts = {}
         for element, names in self.elements.items():
-            widths = {built[0][f"{by_name[n].output}.weight"][1] for n in names}
-            head_dims, heads = {by_name[n].head_dim for n in names}, {by_name[n].heads for n in names}
-            if len(widths) != 1 or len(head_dims) != 1 or len(heads) != 1:
+            allowed = None
+            for name in names:
+                unit = by_name[name]
+                width = built[0][f"{unit.output}.weight"][1]
+                options = {width // unit.head_dim} if width % unit.head_dim == 0 and width // unit.head_dim <= \
+                    unit.heads else set()
+                options |= {unit.heads} if width % unit.heads == 0 else set()
+                allowed = options if allowed is None else allowed & options
+            if not allowed:
                 return None
-            (width,), (head_dim,), (old,) = widths, head_dims, heads
-            if width % head_dim == 0 and width // head_dim <= old:
-                counts[element] = width // head_dim
-            elif width % old == 0:
-                counts[element] = old
-            else:
-                return None
+            counts[element] = min(allowed)
         return self._with(fields, counts)
 
     @staticmethod
@@ -82,21 +86,32 @@ class HeadFields:
 
 
 def find_head_fields(units: list[Interior], fields: dict[str, Any], built: tuple[Shapes, Any, nn.Module],
-                     build: Build) -> HeadFields:
+                     build: Build, *, stage: str = "structured_prune", deadline: float | None = None) -> HeadFields:
     """The elements of ``fields`` (which ``built``) that set units' head counts, found by setting each int
     element equal to some unit's head count to 1: it is one when only those units' head counts change (to 1),
-    and only their per-head parameters, with the same output shapes."""
+    and only their per-head parameters, with the same output shapes.
+
+    Each probe builds the stock class once, shown as progress under ``stage``; past ``deadline`` (a
+    ``time.monotonic()`` value) no more are tried, and the elements found by then are the answer."""
+    import time
+
+    from optkit.core.progress import progress
+
     counts = {unit.heads for unit in units if unit.heads > 1}
     elements: dict[tuple[str, int | None], tuple[str, ...]] = {}
-    for key, value in fields.items():
+    probes = [(key, value, index, element) for key, value in fields.items()
+              for index, element in enumerate(value if isinstance(value, list | tuple) else [value])
+              if type(element) is int and element in counts]
+    shown = progress(stage, "config fields tried as head counts", len(probes))
+    for key, value, index, element in probes:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        shown.step(detail=key)
         listed = isinstance(value, list | tuple)
-        for index, element in enumerate(value if listed else [value]):
-            if type(element) is not int or element not in counts:
-                continue
-            probe = build({**fields, key: _replaced(value, index, 1) if listed else 1})
-            changed = _changed_heads(units, built, probe) if probe is not None else None
-            if changed and all(before == element and after == 1 for before, after in changed.values()):
-                elements[(key, index if listed else None)] = tuple(changed)
+        probe = build({**fields, key: _replaced(value, index, 1) if listed else 1})
+        changed = _changed_heads(units, built, probe) if probe is not None else None
+        if changed and all(before == element and after == 1 for before, after in changed.values()):
+            elements[(key, index if listed else None)] = tuple(changed)
     return HeadFields(elements)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from torch import nn
 
 Shapes = dict[str, tuple[int, ...]]
+#: Seconds the search for width fields may take (each field edit builds the stock class on the meta device and
+#: runs it); on reaching it, the widths found by then are kept and a note says so.
+SEARCH_BUDGET_S = 120.0
+#: The name progress lines are shown under.
+STAGE = "structured_prune"
 
 
 @dataclass(frozen=True)
@@ -48,12 +54,13 @@ class DescribedWidths:
     interiors: tuple[Interior, ...] = ()
     heads: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     held: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
         return ", ".join(f"{key} {self.before[key]}->{value}" for key, value in self.edits.items())
 
 
-def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None:
+def describe(model: nn.Module, spec: Any, widths: Any, notes: list[str] | None = None) -> DescribedWidths | None:
     """The config edit that keeps about ``1 - widths.ratio`` of every width field, with the group ratios it implies.
 
     ``spec`` and ``widths`` are :mod:`optkit.passes.prune.graph.channels`' ``PruneSpec`` and ``Widths`` (one ratio
@@ -61,25 +68,30 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
 
     ``None`` when the model is not a ``transformers`` model, its config does not rebuild it as it is (or the
     rebuilt model does not run on the meta device), or no field of its config is such a width.
+
+    The search shows progress and stops at :data:`SEARCH_BUDGET_S` seconds, keeping the widths found by then;
+    a line saying so goes to ``notes`` (when given) and to the result's ``notes``.
     """
+    from optkit.core.progress import progress
     from optkit.kinds import example_inputs, is_hf_pretrained
     from optkit.passes.prune.graph.groups import prunable_groups, ratios_for
 
     if not is_hf_pretrained(model) or widths.ratio <= 0:
         return None
+    deadline = time.monotonic() + SEARCH_BUDGET_S
     base = model.config.to_dict()
     inputs = example_inputs(model, spec.input_shape)
     current = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
     built = _stock_build(model, base, inputs)
-    if built is None or built[0] != current:
+    if built is None or built[1] is None or built[0] != current:
         return None
     layers = dict(model.named_modules())
     build = lambda fields: _stock_build(model, fields, inputs)  # noqa: E731
-    interiors = find_interiors(model, inputs)
-    heads = config_heads.find_head_fields(interiors, base, built, build)
+    interiors = find_interiors(model, inputs, stage=STAGE)
+    heads = config_heads.find_head_fields(interiors, base, built, build, stage=STAGE, deadline=deadline)
     # Width edits are tried with one head per unit (any width splits into one head), heads chosen after.
     reference = build(heads.pinned(base)) if heads.elements else built
-    if reference is None:
+    if reference is None or reference[1] is None:
         heads, reference = config_heads.HeadFields({}), built
     head_keys = {key for key, _ in heads.elements}
 
@@ -91,12 +103,20 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
         return edited if ok else None
 
     edits: dict[str, Any] = {}
-    # Fields that, edited alone, add or remove layers (a shortcut projection between two widths that were equal):
-    # tried in pairs afterwards (a ResNet's stem and stage widths).
+    # Fields that, edited alone, add or remove layers (a shortcut projection between two widths that were equal), or
+    # build a model that does not run (EfficientNet's width_coefficient without the top width, hidden_dim): tried
+    # in pairs afterwards (a ResNet's stem and stage widths).
     restructuring: dict[str, Any] = {}
+    shown, tried = progress(STAGE, "config fields tried as widths", len(base)), 0
     for key, value in base.items():
+        if time.monotonic() > deadline:
+            break
+        tried += 1
+        shown.step(detail=key)
         for candidate in _scaled(value, 1.0 - widths.ratio, widths.round_to) if key not in head_keys else ():
             edited = build(heads.pinned({**base, key: candidate}))
+            if edited is not None and edited[1] is None:
+                restructuring.setdefault(key, candidate)
             if edited is None or edited[1] != reference[1]:
                 continue
             if _only_channels(reference[0], edited[0], layers):
@@ -104,10 +124,23 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
                 break
             if edited[0].keys() != reference[0].keys():
                 restructuring.setdefault(key, candidate)
-    for first, second in itertools.combinations(restructuring, 2):
+    pairs = list(itertools.combinations(restructuring, 2))
+    shown, paired = progress(STAGE, "pairs of config fields tried", len(pairs)), 0
+    for first, second in pairs:
+        if time.monotonic() > deadline:
+            break
+        paired += 1
+        shown.step()
         pair = {first: restructuring[first], second: restructuring[second]}
         if first not in edits and second not in edits and width_edit({**base, **edits, **pair}) is not None:
             edits.update(pair)
+    stopped = ()
+    if tried < len(base) or paired < len(pairs):
+        stopped = (f"structured_prune stopped the search for width fields of the config at its {SEARCH_BUDGET_S:g} "
+                   f"s budget (config_widths.SEARCH_BUDGET_S), after {tried} of {len(base)} fields and {paired} of "
+                   f"{len(pairs)} pairs; the widths found by then are kept",)
+        if notes is not None:
+            notes += stopped
     narrowed = width_edit({**base, **edits}) if edits else None
     fields = heads.split({**base, **edits}, interiors, narrowed) if narrowed is not None else None
     built = build(fields) if fields is not None else None
@@ -127,7 +160,7 @@ def describe(model: nn.Module, spec: Any, widths: Any) -> DescribedWidths | None
     if any(k > g.channels for g, k in zip(groups, kept)):
         return None
     return DescribedWidths(edits, ratios_for(groups, kept), {key: base[key] for key in edits}, tuple(interiors),
-                           config_heads.targets(interiors, built, model), held)
+                           config_heads.targets(interiors, built, model), held, stopped)
 
 
 def adopt_config(model: nn.Module, described: DescribedWidths) -> str | None:
@@ -153,7 +186,7 @@ def adopt_config(model: nn.Module, described: DescribedWidths) -> str | None:
 def _scaled(value: Any, keep: float, round_to: int) -> list[Any]:
     """Smaller values of a config field to try, best first: a multiple of ``round_to`` near ``keep * value``, then
     the nearest integer, then multiples of ``2 * round_to``, ``4 * round_to``, ... (a width that must divide into
-    groups of 64, say); for a float, ``keep * value``; for a list of positive ints, each element so."""
+    groups of 64, say); for a float, ``keep * value``; for a list of positive ints or floats, each element so."""
     if isinstance(value, bool):
         return []
     if isinstance(value, int):
@@ -163,6 +196,9 @@ def _scaled(value: Any, keep: float, round_to: int) -> list[Any]:
     if isinstance(value, list | tuple) and value and all(isinstance(v, int) and not isinstance(v, bool)
                                                           and v > 1 for v in value):
         return [type(value)(options) for options in _int_options(list(value), keep, round_to)]
+    if isinstance(value, list | tuple) and value and all(type(v) is float and v > 0 and math.isfinite(v)
+                                                          for v in value):
+        return [type(value)(round(v * keep, 4) for v in value)]  # a ratio per stage (CvT's mlp_ratio)
     return []
 
 
@@ -184,7 +220,7 @@ def _int_options(values: list[int], keep: float, round_to: int) -> list[list[int
 def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple[Shapes, Any, nn.Module] | None:
     """The parameter shapes of the model's stock class built on the meta device from ``fields``, the shapes of
     its outputs on ``inputs`` (moved to the meta device), and the built model; ``None`` if the class refuses the
-    config or the call fails (an edited input width, for one)."""
+    config, and ``None`` for the outputs if the call fails (an edited input width, for one)."""
     import torch
     from torch.utils._pytree import tree_map
 
@@ -195,11 +231,14 @@ def _stock_build(model: nn.Module, fields: dict[str, Any], inputs: Any) -> tuple
         config = type(model.config).from_dict(dict(fields))
         with torch.device("meta"):
             fresh = stock_class(model)(config).eval()
-            with torch.no_grad():
-                out = fresh(*tree_map(meta, inputs.args), **tree_map(meta, inputs.kwargs))
     except Exception:  # noqa: BLE001 - a config the class refuses is not a candidate
         return None
     shapes = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
+    try:
+        with torch.device("meta"), torch.no_grad():
+            out = fresh(*tree_map(meta, inputs.args), **tree_map(meta, inputs.kwargs))
+    except Exception:  # noqa: BLE001 - a model that does not run has no outputs to compare
+        return shapes, None, fresh
     out = out.to_tuple() if hasattr(out, "to_tuple") else out
     return shapes, tree_map(lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v, out), fresh
 

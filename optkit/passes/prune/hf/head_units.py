@@ -57,9 +57,12 @@ def head_count(module: nn.Module) -> int:
     return next((v for a in _HEAD_COUNTS if type(v := getattr(module, a, None)) is int), 0)
 
 
-def find_interiors(model: nn.Module, inputs: Any) -> list[Interior]:
-    """The attention units of ``model`` whose heads lie as this module cuts them (see the module docstring)."""
+def find_interiors(model: nn.Module, inputs: Any, *, stage: str = "structured_prune") -> list[Interior]:
+    """The attention units of ``model`` whose heads lie as this module cuts them (see the module docstring);
+    each unit's check is shown as progress under ``stage``."""
     from torch import nn
+
+    from optkit.core.progress import progress
 
     candidates = [m for m in model.modules() if head_count(m) >= 1
                   and sum(isinstance(c, nn.Linear) for c in m.children()) >= 3]
@@ -72,7 +75,9 @@ def find_interiors(model: nn.Module, inputs: Any) -> list[Interior]:
     scopes = {_scope(unit): model.get_submodule(_scope(unit)) for unit in units}
     calls = capture_calls(model, inputs, list(scopes.values())) if units else {}
     found = []
+    shown = progress(stage, "attention units checked", len(units))
     for unit in units:
+        shown.step(detail=unit.name)
         scope = scopes[_scope(unit)]
         call = calls.get(scope, {}).get("call")
         if call is not None and _layout_holds(scope, unit, call):

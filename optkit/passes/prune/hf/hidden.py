@@ -62,7 +62,7 @@ def shrink(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], st
             model's only on hidden-sized axes.
     """
     fields, cuts = _plan(model, hidden, new_hidden, widths, width_fields, every_equal_field)
-    tensors = _named_tensors(model)
+    tensors = named_tensors(model)
     kept = torch.sort(_scores(tensors, cuts, stream, hidden).topk(new_hidden).indices).values
     _apply(model, tensors, cuts, kept)
     for name, value in fields.items():
@@ -74,8 +74,7 @@ def _plan(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], wid
           every_equal_field: bool = False) -> tuple[dict[str, Any], list[Cut]]:
     """The config fields to set and the tensor axes to cut; further fields are added one at a time while they help."""
     config = model.config
-    field = next(name for name in HIDDEN_FIELDS if isinstance(getattr(config, name, None), int))
-    fields: dict[str, Any] = {field: new_hidden}
+    fields: dict[str, Any] = {hidden_field(config): new_hidden}
     skip = set(width_fields) | set(HEAD_FIELDS) | set(KV_FIELDS) | set(LAYER_FIELDS) | set(HIDDEN_FIELDS)
     # An unset MLP width the stock class derives from the hidden size keeps the model's width.
     options = [(name, widths[0]) for name in width_fields
@@ -102,20 +101,41 @@ def _plan(model: nn.Module, hidden: int, new_hidden: int, widths: list[int], wid
     return fields, cuts
 
 
-def _compare(model: nn.Module, fields: dict[str, Any], hidden: int, new_hidden: int) -> tuple[list[Cut], list[str]]:
-    """Axes to cut so every tensor has the stock class's shape, and what no cut explains."""
+def hidden_field(config: Any) -> str:
+    """The config field that holds the hidden size."""
+    return next(name for name in HIDDEN_FIELDS if isinstance(getattr(config, name, None), int))
+
+
+def stock_model(model: nn.Module, fields: dict[str, Any]) -> nn.Module:
+    """The model's stock class built on the meta device from its config with ``fields`` set (raises what the
+    class raises for a config it refuses)."""
     from optkit.io.hf import stock_class
 
     config = copy.deepcopy(model.config)
     for name, value in fields.items():
         setattr(config, name, value)
+    with torch.device("meta"):
+        return stock_class(model)(config)
+
+
+def stock_shapes(model: nn.Module, fields: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:
+    """Every parameter's and buffer's shape in :func:`stock_model`, by every name; ``None`` if the class
+    refuses the config."""
     try:
-        with torch.device("meta"):
-            fresh = stock_class(model)(config)
+        fresh = stock_model(model, fields)
+    except Exception:  # noqa: BLE001 - any refusal of the config is the answer
+        return None
+    return {n: tuple(t.shape) for n, t in named_tensors(fresh).items()}
+
+
+def _compare(model: nn.Module, fields: dict[str, Any], hidden: int, new_hidden: int) -> tuple[list[Cut], list[str]]:
+    """Axes to cut so every tensor has the stock class's shape, and what no cut explains."""
+    try:
+        fresh = stock_model(model, fields)
     except Exception as error:  # noqa: BLE001 - any refusal of the config is the answer
         return [], [f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"]
-    ours = {n: tuple(t.shape) for n, t in _named_tensors(model).items()}
-    theirs = {n: tuple(t.shape) for n, t in _named_tensors(fresh).items()}
+    ours = {n: tuple(t.shape) for n, t in named_tensors(model).items()}
+    theirs = {n: tuple(t.shape) for n, t in named_tensors(fresh).items()}
     cuts, problems = [], []
     for name in sorted(set(ours) | set(theirs)):
         mine, stock = ours.get(name), theirs.get(name)
@@ -130,7 +150,7 @@ def _compare(model: nn.Module, fields: dict[str, Any], hidden: int, new_hidden: 
     return cuts, problems
 
 
-def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """Parameters and buffers by every name they have (a tied tensor appears under each owner)."""
     return {**dict(model.named_parameters(remove_duplicate=False)),
             **dict(model.named_buffers(remove_duplicate=False))}
@@ -173,12 +193,17 @@ def _apply(model: nn.Module, tensors: dict[str, torch.Tensor], cuts: list[Cut], 
             data = data.clone()
             replaced[id(old)] = nn.Parameter(data, requires_grad=old.requires_grad) \
                 if isinstance(old, nn.Parameter) else data
-        owner_name, _, attr = cut.name.rpartition(".")
-        owner = model.get_submodule(owner_name)
-        if isinstance(old, nn.Parameter):
-            setattr(owner, attr, replaced[id(old)])
-        else:
-            owner._buffers[attr] = replaced[id(old)]
+        set_tensor(model, cut.name, replaced[id(old)])
+
+
+def set_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Put ``tensor`` where parameter or buffer ``name`` of ``model`` is."""
+    owner_name, _, attr = name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    if isinstance(tensor, nn.Parameter):
+        setattr(owner, attr, tensor)
+    else:
+        owner._buffers[attr] = tensor
 
 
 def refresh_derived_buffers(model: nn.Module) -> None:

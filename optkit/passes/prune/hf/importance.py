@@ -49,6 +49,24 @@ def head_scores(attention: Attention, activations: Activations = None) -> tuple[
     return shared + q.sum(1), q
 
 
+def dim_scores(attention: Attention, activations: Activations = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per KV group and dim inside its heads, ``[kv, head_dim]`` each: the squared L2 norms of its query and key
+    rows (the dims a query-key product reads), and of its value rows and output-projection columns."""
+    rows = {id(layer): _row_sq(layer, activations) for layer in attention.qkv}
+    cols = _col_sq(attention.o, activations)
+    d, everything, nothing = attention.head_dim, torch.arange(attention.head_dim), torch.zeros(0, dtype=torch.long)
+    qk, vo = [], []
+    for group in range(attention.kv_heads):
+        heads = [list(range(attention.groups))]
+        for dims, out in (((everything,), (nothing,)), ((nothing,), (everything,))):
+            index = attention.rows_for([group], heads, ([*dims], [*out]))
+            score = torch.cat([rows[key][idx] for key, idx in index.items()]).view(-1, d).sum(0)
+            if out[0].numel():
+                score = score + cols[attention.o_cols([group], heads, ([*dims], [*out]))].view(-1, d).sum(0)
+            (qk if dims[0].numel() else vo).append(score)
+    return torch.stack(qk), torch.stack(vo)
+
+
 def channel_scores(mlp: Mlp, activations: Activations = None) -> torch.Tensor:
     """Squared L2 norm per intermediate channel: its rows in every expansion plus its projection column."""
     width = mlp.width

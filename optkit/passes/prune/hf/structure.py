@@ -78,9 +78,20 @@ def _select(module: nn.Module, name: str, axis: int, index: torch.Tensor) -> Non
     setattr(module, name, nn.Parameter(data, requires_grad=param.requires_grad))
 
 
+#: Kept dims of each kept KV group's heads: (query/key dims, value/output dims), one index tensor per kept group.
+Dims = tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
 @dataclass
 class Attention:
-    """Query/key/value projections (three, or one fused with a row layout) and the output projection."""
+    """Query/key/value projections (three, or one fused with a row layout) and the output projection.
+
+    Heads are *free* when permuting them (in the projections, and in ``head_params``) leaves the block's output
+    as it was: any can go from any block. ``shared`` lists the block inputs with a head axis (a position bias
+    computed once for every block, as ``(argument index or keyword, axis)``): the same heads must then go from
+    every block, and from what computes that input. ``fixed`` marks heads whose position matters beyond
+    that (only permuting the dims inside every head keeps the output): heads stay, their dims may narrow.
+    """
 
     qkv: list[Layer]
     o: Layer
@@ -90,53 +101,91 @@ class Attention:
     layout: str = "separate"  # "separate", "blocks" (q | k | v) or "grouped" (per KV group: q..., k, v)
     # (norm, projection): norms over a separate q or k projection's whole output (OLMo-2's q_norm, k_norm)
     norms: list[tuple[nn.Module, Layer]] = field(default_factory=list)
+    # (module, parameter name, axis): per-head parameters beside the projections (Nystromformer's per-head conv)
+    head_params: list[tuple[nn.Module, str, int]] = field(default_factory=list)
+    shared: list[tuple[int | str, int]] = field(default_factory=list)
+    fixed: bool = False
+    # separate layout: the indices in ``qkv`` of the query, key and value projections (None: the query is the one
+    # as wide as every head, else the first; key and value follow in call order)
+    roles: tuple[int, int, int] | None = None
 
     @property
     def groups(self) -> int:
         return self.heads // self.kv_heads
 
-    def rows_for(self, kept_kv: list[int], kept_q: list[list[int]]) -> dict[int, torch.Tensor]:
+    def rows_for(self, kept_kv: list[int], kept_q: list[list[int]], dims: Dims | None = None
+                 ) -> dict[int, torch.Tensor]:
         """Row indices per input projection keeping KV heads ``kept_kv`` and, per kept group, q heads ``kept_q``.
 
-        ``kept_q[i]`` lists positions (0..groups-1) inside group ``kept_kv[i]``.
+        ``kept_q[i]`` lists positions (0..groups-1) inside group ``kept_kv[i]``; ``dims`` (all when ``None``) the
+        dims kept inside each kept group's heads.
         """
         d, g = self.head_dim, self.groups
-        q_heads = [kv * g + j for kv, js in zip(kept_kv, kept_q, strict=True) for j in js]
+        qk, vo = dims if dims is not None else ([None] * len(kept_kv), [None] * len(kept_kv))
+        q = [(kv * g + j, qk[i]) for i, (kv, js) in enumerate(zip(kept_kv, kept_q, strict=True)) for j in js]
+        k = [(kv, qk[i]) for i, kv in enumerate(kept_kv)]
+        v = [(kv, vo[i]) for i, kv in enumerate(kept_kv)]
         if self.layout == "separate":
-            return {id(layer): _head_rows(q_heads if layer.out_dim == self.heads * d else kept_kv, d)
-                    for layer in self.qkv}
+            rows = dict(zip(self.separate_roles(), (_head_rows(q, d), _head_rows(k, d), _head_rows(v, d)),
+                            strict=True))
+            return {id(layer): rows[i] for i, layer in enumerate(self.qkv)}
         if self.layout == "blocks":
-            q = _head_rows(q_heads, d)
-            k = self.heads * d + _head_rows(kept_kv, d)
-            return {id(self.qkv[0]): torch.cat([q, k, k + self.kv_heads * d])}
+            key = self.heads * d + _head_rows(k, d)
+            return {id(self.qkv[0]): torch.cat([_head_rows(q, d), key, self.heads * d + self.kv_heads * d +
+                                                _head_rows(v, d)])}
         rows = []
-        for kv, js in zip(kept_kv, kept_q, strict=True):
+        for i, (kv, js) in enumerate(zip(kept_kv, kept_q, strict=True)):
             base = kv * (g + 2) * d
-            rows += [base + _head_rows(js, d), base + _head_rows([g, g + 1], d)]
+            rows += [base + _head_rows([(j, qk[i]) for j in js], d), base + _head_rows([(g, qk[i]), (g + 1, vo[i])], d)]
         return {id(self.qkv[0]): torch.cat(rows)}
 
-    def o_cols(self, kept_kv: list[int], kept_q: list[list[int]]) -> torch.Tensor:
+    def o_cols(self, kept_kv: list[int], kept_q: list[list[int]], dims: Dims | None = None) -> torch.Tensor:
         g = self.groups
-        return _head_rows([kv * g + j for kv, js in zip(kept_kv, kept_q, strict=True) for j in js], self.head_dim)
+        vo = dims[1] if dims is not None else [None] * len(kept_kv)
+        return _head_rows([(kv * g + j, vo[i]) for i, (kv, js) in enumerate(zip(kept_kv, kept_q, strict=True))
+                           for j in js], self.head_dim)
 
-    def select(self, kept_kv: list[int], kept_q: list[list[int]]) -> None:
-        rows = self.rows_for(kept_kv, kept_q)
+    def select(self, kept_kv: list[int], kept_q: list[list[int]], dims: Dims | None = None) -> None:
+        """Keep these KV groups, query heads and (optionally) dims in each head; per-head parameters follow."""
+        rows = self.rows_for(kept_kv, kept_q, dims)
         for norm, layer in self.norms:
             select_norm(norm, rows[id(layer)].to(norm.weight.device))
         for layer in self.qkv:
             layer.select_out(rows[id(layer)])
-        self.o.select_in(self.o_cols(kept_kv, kept_q))
+        self.o.select_in(self.o_cols(kept_kv, kept_q, dims))
+        g = self.groups
+        q_heads = torch.tensor([kv * g + j for kv, js in zip(kept_kv, kept_q, strict=True) for j in js])
+        for module, name, axis in self.head_params:
+            _select(module, name, axis, q_heads)
         self.heads = sum(len(js) for js in kept_q)
         self.kv_heads = len(kept_kv)
+        if dims is not None and dims[0]:
+            self.head_dim = len(dims[0][0])
+
+    def separate_roles(self) -> tuple[int, int, int]:
+        """Indices in ``qkv`` of the query, key and value projections (separate layout)."""
+        if self.roles is not None:
+            return self.roles
+        wide = [i for i, layer in enumerate(self.qkv) if layer.out_dim == self.heads * self.head_dim]
+        q = wide[0] if self.kv_heads != self.heads and len(wide) == 1 else 0
+        k, v = (i for i in range(len(self.qkv)) if i != q)
+        return q, k, v
+
+    def every(self) -> tuple[list[int], list[list[int]]]:
+        """``(kept_kv, kept_q)`` that keep every head."""
+        return list(range(self.kv_heads)), [list(range(self.groups))] * self.kv_heads
 
     def layers(self) -> list[Layer]:
         return [*self.qkv, self.o]
 
 
-def _head_rows(heads: list[int], head_dim: int) -> torch.Tensor:
+def _head_rows(heads: list, head_dim: int) -> torch.Tensor:
+    """Rows of ``heads``: head indices, or ``(head, kept dims or None)`` pairs."""
     if not heads:
         return torch.zeros(0, dtype=torch.long)
-    return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in heads])
+    pairs = [h if isinstance(h, tuple) else (h, None) for h in heads]
+    return torch.cat([h * head_dim + (torch.arange(head_dim) if dims is None else dims.to(torch.long))
+                      for h, dims in pairs])
 
 
 @dataclass
@@ -216,6 +265,8 @@ class Block:
     attentions: list[Attention] = field(default_factory=list)
     mlps: list[Mlp] = field(default_factory=list)
     experts: list[Experts] = field(default_factory=list)
+    # attentions whose heads are not free (shared inputs or fixed positions; see Attention): the in-place engine's
+    bound: list[Attention] = field(default_factory=list)
     call: tuple[tuple, dict] | None = None
     skipped: list[str] = field(default_factory=list)
 

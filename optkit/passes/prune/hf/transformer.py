@@ -8,7 +8,16 @@ stock config cannot describe is undone and reported.
 
 Where the stock class derives the head width from ``hidden_size / num_heads``
 (fewer heads alone are refused), the hidden size shrinks with the heads so the
-head width stays (:mod:`.hidden`); elsewhere it shrinks only when asked.
+head width stays (:mod:`.hidden`); elsewhere it shrinks only when asked, or when
+the stock class fixes the heads or the MLP width (a per-head bias that follows
+each head's position, an MLP of 4x the hidden size): the residual stream is then
+narrowed until the parameters reach what the ratios would have removed, the
+widths the class derives from it (the MLP, every head's dims) following.
+
+Heads indexed by an input every block is given (a relative-position bias computed
+once) go from every block alike, chosen by their scores summed over the blocks,
+and the tensors outside the blocks with a head axis (the bias table, a head that
+reads every block's attention maps) lose the same heads.
 """
 
 from __future__ import annotations
@@ -25,10 +34,11 @@ from torch import nn
 from optkit.core.errors import OptkitError, first_line
 from optkit.passes.prune.hf import depth
 from optkit.passes.prune.hf import hidden as hidden_size
-from optkit.passes.prune.hf.importance import Activations, channel_scores, expert_scores, head_scores
-from optkit.passes.prune.hf.parse import parse_block
+from optkit.passes.prune.hf.importance import Activations, channel_scores, dim_scores, expert_scores, head_scores
+from optkit.passes.prune.hf.parse import dims_permute_freely, parse_block
 from optkit.passes.prune.hf.structure import (
     HEAD_FIELDS, HIDDEN_FIELDS, KV_FIELDS, LAYER_FIELDS, Block, Mlp, config_int, find_block_lists, trace,
+    without_cache,
 )
 
 # _commit with the example inputs bound
@@ -55,15 +65,19 @@ def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: 
         activations: optional per-layer input-channel norms (layer name -> tensor) for
             activation-aware importance; weight L2 norms when omitted.
         round_to: multiple the kept MLP width (and a hidden size set by ``hidden_ratio``) is rounded to.
-        hidden_ratio: share of the residual stream's channels to remove. ``None`` (default): only
-            with the heads, in classes whose head width is ``hidden / heads`` (the hidden size then
-            shrinks in proportion, so the head width stays); ``0``: never, so such classes keep
-            their heads. In a class whose head width is free, a share prunes the stream on its own.
+        hidden_ratio: share of the residual stream's channels to remove. ``None`` (default): with the
+            heads, in classes whose head width is ``hidden / heads`` (the hidden size then shrinks in
+            proportion, so the head width stays); and, in a prune of the MLP too (``mlp_ratio`` > 0)
+            where the stock class refuses fewer heads or a narrower MLP, as far as the parameters need to
+            reach what ``heads_ratio`` and ``mlp_ratio`` would have removed (at most ``max(heads_ratio,
+            mlp_ratio)`` of the stream). ``0``: never, so such classes keep their heads. In a class whose
+            head width is free, a share prunes the stream on its own.
 
     Returns:
         ``{"before": {...}, "after": {...}, "dropped_blocks": [...], "skipped": [...]}``; the
         summaries hold heads, kv_heads, intermediate widths, hidden size, layers and params; each
-        skipped entry is one line naming a part left whole and why.
+        skipped entry is one line naming a part left whole and why (and where the hidden size was narrowed
+        instead, one line saying so).
 
     Raises:
         OptkitError: a ratio outside [0, 1), a config without head counts, or a model
@@ -87,14 +101,52 @@ def prune_transformer(model: nn.Module, *, heads_ratio: float = 0.0, mlp_ratio: 
     dropped = depth.drop(model, drop_blocks, inputs, commit) if drop_blocks else []
     blocks = _find(model, inputs, hidden, heads, skipped)
     stream = _stream(blocks, hidden)
+    target = _params(model) - heads_ratio * _unit_params(blocks, "attention") - mlp_ratio * _unit_params(blocks, "mlp")
+    shape = _unit_shape(blocks)
     if heads_ratio > 0:
-        _prune_heads(model, blocks, heads_ratio, activations, skipped, stream, hidden_ratio != 0, commit)
+        _prune_heads(model, blocks, heads_ratio, activations, skipped, stream, hidden_ratio != 0, commit, inputs)
     if mlp_ratio > 0:
         _prune_mlps(model, blocks, mlp_ratio, round_to, activations, skipped, commit)
     if hidden_ratio:
         _prune_hidden(model, blocks, hidden, kept_width(hidden, hidden_ratio, round_to), stream, skipped, commit)
+    elif hidden_ratio is None and mlp_ratio > 0 and config_int(model.config, HIDDEN_FIELDS) == hidden and \
+            _params(model) > target + 0.02 * before["params"] and _refused(blocks, shape, heads_ratio, mlp_ratio):
+        _hidden_to_reach(model, blocks, hidden, int(target), max(heads_ratio, mlp_ratio), round_to, stream,
+                         activations, skipped, commit)
     model.train(was_training)
     return {"before": before, "after": _summary(model, blocks), "dropped_blocks": dropped, "skipped": skipped}
+
+
+def heads_with_stream(model: nn.Module, spec: Any, widths: Any, details: dict[str, Any]) -> dict[str, Any]:
+    """Finish a block-by-block prune (:mod:`.entry`'s ``details``) that kept every head because the stock class
+    takes fewer heads only with a narrower stream (hidden a multiple of the head count): the heads go here, in
+    place, with the hidden size and what reads every block's heads (ESM's contact head). ``spec`` and ``widths``
+    are the prune's ``PruneSpec`` and ``Widths``. Returns ``details``, updated when heads went."""
+    from optkit.passes.prune.hf.entry import calibration_text, example_keywords
+
+    result = details.get("transformer") or {}
+    heads_ratio = widths.ratio if widths.heads_ratio is None else widths.heads_ratio
+    if result.get("engine") != "blockwise" or heads_ratio <= 0 or spec.drop_blocks or \
+            result["after"]["heads"] != result["before"]["heads"]:
+        return details
+    activations = None
+    if spec.importance == "activation":
+        from optkit.passes.prune.hf.calibration import input_norms
+
+        batches = calibration_text(model, spec)
+        activations = input_norms(model, batches) if batches is not None else None
+    done = prune_transformer(model, heads_ratio=heads_ratio, example_inputs=example_keywords(model, spec),
+                             round_to=widths.round_to, activations=activations)
+    if done["after"]["heads"] == done["before"]["heads"] and done["after"]["hidden"] == done["before"]["hidden"]:
+        return details
+    after = {**result["after"], **{key: done["after"][key] for key in ("heads", "kv_heads", "hidden", "params")}}
+    details["transformer"] = {**result, "after": after, "in_place": done}
+    details["notes"] = [note for note in details.get("notes", []) if "every head kept" not in note]
+    details["notes"].append(
+        f"structured_prune then cut the heads in place, {done['before']['heads']}->{after['heads']} with the hidden "
+        f"size {done['before']['hidden']}->{after['hidden']}: the stock class takes fewer heads only with a "
+        "narrower stream")
+    return details
 
 
 def describes_transformer(model: nn.Module) -> bool:
@@ -137,10 +189,19 @@ def _stream(blocks: list[Block], hidden: int) -> list[torch.Tensor]:
 
 
 def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activations: Activations,
-                 skipped: list[str], stream: list[torch.Tensor], with_hidden: bool, commit: Commit) -> None:
-    attentions = [a for b in blocks for a in b.attentions]
+                 skipped: list[str], stream: list[torch.Tensor], with_hidden: bool, commit: Commit,
+                 inputs: dict[str, Any]) -> None:
+    owners = [(b, a) for b in blocks for a in (*b.attentions, *b.bound)]
+    attentions = [a for _, a in owners]
     if not attentions:
         return
+    fixed = next((a for a in attentions if a.fixed), None)
+    if fixed is not None:
+        skipped.append(f"heads: {fixed.o.name}'s heads keep their positions (only the dims inside each head "
+                       "permute freely: a per-head bias follows from the head's position, as ALiBi's slopes do); "
+                       "no head removed")
+        return
+    shared = any(a.shared for a in attentions)
     heads, kv = attentions[0].heads, attentions[0].kv_heads
     groups = heads // kv
     whole_groups = kv > 1 and round(kv * ratio) >= 1
@@ -152,20 +213,29 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
         return
     new_kv, new_heads = (keep, keep * groups) if whole_groups else (kv, kv * keep)
     hidden, head_dim = config_int(model.config, HIDDEN_FIELDS), attentions[0].head_dim
+    before = _shared_inputs(model, inputs, blocks) if shared else {}
+    chosen: list[tuple[list[int], list[list[int]]]] = []
+
+    def choose(scores: tuple[torch.Tensor, torch.Tensor]) -> tuple[list[int], list[list[int]]]:
+        group_score, q_score = scores
+        if whole_groups:
+            return sorted(group_score.topk(keep).indices.tolist()), [list(range(groups))] * keep
+        return list(range(kv)), [sorted(q_score[i].topk(keep).indices.tolist()) for i in range(kv)]
 
     def cut(new_hidden: int | None = None, every_equal_field: bool = False) -> None:
-        for attention in attentions:
-            group_score, q_score = head_scores(attention, activations)
-            if whole_groups:
-                kept_kv = sorted(group_score.topk(keep).indices.tolist())
-                kept_q = [list(range(groups))] * keep
-            else:
-                kept_kv = list(range(kv))
-                kept_q = [sorted(q_score[i].topk(keep).indices.tolist()) for i in range(kv)]
+        scores = [head_scores(attention, activations) for attention in attentions]
+        if shared:  # the same heads go from every block: scores summed over the blocks
+            summed = choose((sum(s[0] for s in scores), sum(s[1] for s in scores)))
+            chosen[:] = [summed] * len(attentions)
+        else:
+            chosen[:] = [choose(score) for score in scores]
+        for attention, (kept_kv, kept_q) in zip(attentions, chosen, strict=True):
             attention.select(kept_kv, kept_q)
         config = model.config
         set_by_value(config, HEAD_FIELDS, heads, new_heads)
         set_by_value(config, KV_FIELDS, kv, new_kv)
+        _cut_head_axes(model, blocks, [_q_heads(kept, groups) for kept in chosen], heads, new_heads,
+                       {} if new_hidden is None else {hidden_size.hidden_field(config): new_hidden})
         if new_hidden is not None:
             hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS,
                                every_equal_field=every_equal_field)
@@ -175,24 +245,102 @@ def _prune_heads(model: nn.Module, blocks: list[Block], ratio: float, activation
             except AttributeError as error:  # a property of the class, derived from the hidden size
                 raise hidden_size.Refused(f"the config derives head_dim ({error})") from None
 
+    def kept_inputs() -> str | None:
+        """Whether every block is given the kept heads' part of each per-head input it was given before."""
+        if not shared:
+            return None
+        after = _shared_inputs(model, inputs, blocks)
+        for (block, attention), kept in zip(owners, chosen, strict=True):
+            for key, axis in attention.shared:
+                old, new = before.get((block.path, key)), after.get((block.path, key))
+                expected = None if old is None else old.index_select(axis, _q_heads(kept, groups))
+                if new is None or expected is None or new.shape != expected.shape or not torch.allclose(
+                        new, expected, atol=1e-5, rtol=1e-4):
+                    return (f"{block.path} is given {key!r} per head, and the stock class computes it anew for "
+                            f"{new_heads} heads instead of keeping the kept heads' (as ALiBi's slopes follow the "
+                            "head count)")
+        return None
+
     what = f"heads {heads}->{new_heads} (kv {kv}->{new_kv})"
+    if shared:
+        what += ", the same in every block"
     undo = _snapshot(blocks)
     refusals: list[str] = []
-    if commit(model, cut, what, refusals, undo):
+    if commit(model, cut, what, refusals, undo, verify=kept_inputs):
         return
     if with_hidden and hidden == heads * head_dim:
         # The stock class may derive the head width from hidden / heads: fewer heads then need a narrower stream.
         new_hidden = new_heads * head_dim
         with_stream = f"{what} with hidden size {hidden}->{new_hidden}"
-        if commit(model, lambda: cut(new_hidden), with_stream, refusals, undo):
+        if commit(model, lambda: cut(new_hidden), with_stream, refusals, undo, verify=kept_inputs):
             return
         # A layer sized by a field of its own that equals the hidden size (DeBERTa's pooler_hidden_size) matches
         # the stock shapes but not the narrowed stream: every such field follows the stream.
         if "does not run" in refusals[-1] and commit(
                 model, lambda: cut(new_hidden, every_equal_field=True),
-                f"{with_stream} and every field equal to it", refusals, undo):
+                f"{with_stream} and every field equal to it", refusals, undo, verify=kept_inputs):
             return
     skipped += refusals
+
+
+def _q_heads(kept: tuple[list[int], list[list[int]]], groups: int) -> torch.Tensor:
+    """The query heads kept, in order, as one index."""
+    kept_kv, kept_q = kept
+    return torch.tensor([kv * groups + j for kv, js in zip(kept_kv, kept_q, strict=True) for j in js])
+
+
+def _cut_head_axes(model: nn.Module, blocks: list[Block], kept: list[torch.Tensor], heads: int, new_heads: int,
+                   fields: dict[str, Any]) -> None:
+    """Cut the tensors outside the blocks that have a head axis in the stock class (``model.config`` with
+    ``fields`` on top): an axis of ``heads`` (a relative-position bias table shared by every block, when every
+    block keeps the same heads) keeps ``kept[0]``; one of ``blocks x heads`` (a head reading every block's
+    attention maps, stacked block by block) keeps each block's kept heads. Other differences are left to the
+    hidden-size cut and the stock-class check."""
+    inside = tuple(f"{block.path}." for block in blocks)
+    stock = hidden_size.stock_shapes(model, fields)
+    if stock is None:
+        return
+    same = all(torch.equal(k, kept[0]) for k in kept)
+    stacked = torch.cat([i * heads + k for i, k in enumerate(kept)]) if len(kept) == len(blocks) else None
+    tensors = hidden_size.named_tensors(model)
+    replaced: dict[int, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        theirs = stock.get(name)
+        if name.startswith(inside) or theirs is None or tuple(tensor.shape) == theirs or len(theirs) != tensor.dim():
+            continue
+        if id(tensor) not in replaced:
+            data = tensor.detach()
+            for axis, (mine, new) in enumerate(zip(tensor.shape, theirs, strict=True)):
+                if (mine, new) == (heads, new_heads) and same:
+                    data = data.index_select(axis, kept[0].to(data.device))
+                elif stacked is not None and (mine, new) == (len(blocks) * heads, len(blocks) * new_heads):
+                    data = data.index_select(axis, stacked.to(data.device))
+            if data.shape == tensor.shape:
+                continue
+            replaced[id(tensor)] = nn.Parameter(data.clone(), requires_grad=tensor.requires_grad) \
+                if isinstance(tensor, nn.Parameter) else data.clone()
+        hidden_size.set_tensor(model, name, replaced[id(tensor)])
+
+
+def _shared_inputs(model: nn.Module, inputs: dict[str, Any], blocks: list[Block]) -> dict[tuple[str, Any], Any]:
+    """Per block and per-head input (see :attr:`.structure.Attention.shared`), what the block is given now."""
+    wanted = {id(b.module): (b, [key for a in (*b.attentions, *b.bound) for key, _ in a.shared]) for b in blocks}
+    found: dict[tuple[str, Any], Any] = {}
+
+    def hook(module, args, kwargs):
+        block, keys = wanted[id(module)]
+        for key in keys:
+            value = args[key] if isinstance(key, int) and key < len(args) else kwargs.get(key)
+            found.setdefault((block.path, key), value.detach().clone() if isinstance(value, torch.Tensor) else None)
+
+    handles = [b.module.register_forward_pre_hook(hook, with_kwargs=True) for b in blocks if wanted[id(b.module)][1]]
+    try:
+        with torch.no_grad():
+            model(**without_cache(model, inputs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
 
 
 def _prune_hidden(model: nn.Module, blocks: list[Block], hidden: int, new_hidden: int, stream: list[torch.Tensor],
@@ -206,13 +354,136 @@ def _prune_hidden(model: nn.Module, blocks: list[Block], hidden: int, new_hidden
             f"hidden size {hidden}->{new_hidden}", skipped, _snapshot(blocks))
 
 
+def _hidden_to_reach(model: nn.Module, blocks: list[Block], hidden: int, target: int, ratio: float, round_to: int,
+                     stream: list[torch.Tensor], activations: Activations, skipped: list[str], commit: Commit) -> None:
+    """Narrow the residual stream until the parameters reach ``target`` (the heads or MLP the stock class fixed
+    could not get there): the widest multiple of ``round_to`` that does, at most ``ratio`` of the stream gone.
+
+    The widths the stock class derives from the hidden size follow it: an MLP of 4x the hidden size keeps its
+    strongest channels, heads of ``hidden / heads`` dims their strongest dims (where dims permute freely inside
+    a head, so not with rotary embeddings); :func:`.hidden.shrink` then cuts every hidden-sized axis.
+    """
+    field = hidden_size.hidden_field(model.config)
+    floor = kept_width(hidden, ratio, round_to)
+    sizes: dict[int, int] = {}
+    for width in sorted(set(range(floor, hidden, max(round_to, 1))) | {floor}, reverse=True):
+        try:
+            sizes[width] = _params(hidden_size.stock_model(model, {field: width}))
+        except Exception:  # noqa: BLE001 - a width the class refuses is no candidate
+            continue
+    if not sizes:
+        skipped.append(f"hidden size: the stock class builds no narrower stream than {hidden} (down to {floor})")
+        return
+    new_hidden = next((w for w, size in sizes.items() if size <= target), min(sizes))
+    current = _params(model)
+
+    def cut() -> None:
+        _narrow_interiors(model, blocks, {field: new_hidden}, activations)
+        hidden_size.shrink(model, hidden, new_hidden, _widths(blocks), stream, WIDTH_FIELDS)
+
+    what = f"hidden size {hidden}->{new_hidden}"
+    if commit(model, cut, what, skipped, _snapshot(blocks)):
+        skipped.append(f"{what} instead, with the widths the stock class derives from it: fewer heads or MLP "
+                       f"channels were refused, and {current} parameters were above the {target} the ratios "
+                       f"aim at (now {_params(model)})")
+
+
+def _narrow_interiors(model: nn.Module, blocks: list[Block], fields: dict[str, Any], activations: Activations) -> None:
+    """Cut the MLP widths and head dims that the stock class built with ``fields`` derives anew, keeping the
+    strongest channels and dims; the query and key dims are rescaled where the class's score scaling changes.
+
+    Raises:
+        hidden.Refused: for a width the class changes that cannot be cut so (dims that do not permute freely).
+    """
+    fresh = hidden_size.stock_model(model, fields)
+    shapes = {n: tuple(p.shape) for n, p in fresh.named_parameters(remove_duplicate=False)}
+    for block in blocks:
+        for mlp in block.mlps:
+            stock = shapes.get(f"{mlp.down.name}.weight")
+            width = stock[1 - mlp.down.out_axis] if stock else mlp.width
+            if width < mlp.width:
+                mlp.select(channel_scores(mlp, activations).topk(width).indices.sort().values)
+        for attention in (*block.attentions, *block.bound):
+            stock = shapes.get(f"{attention.o.name}.weight")
+            inner = stock[1 - attention.o.out_axis] if stock else attention.heads * attention.head_dim
+            if inner >= attention.heads * attention.head_dim:
+                continue
+            if inner % attention.heads or not (attention.fixed or dims_permute_freely(block, attention)):
+                raise hidden_size.Refused(f"{attention.o.name}: the stock class narrows its heads to {inner} dims "
+                                          "in all, which only dims that permute freely inside each head allow")
+            dims = inner // attention.heads
+            qk, vo = dim_scores(attention, activations)
+            kept = ([s.topk(dims).indices.sort().values for s in qk], [s.topk(dims).indices.sort().values for s in vo])
+            attention.select(*attention.every(), dims=kept)
+            _rescale_scores(model, fresh, attention)
+
+
+def _rescale_scores(model: nn.Module, fresh: nn.Module, attention: Any) -> None:
+    """Where the stock class scales scores by a float setting of the attention module that differs for the
+    narrower heads (``1/sqrt(head_dim)``), scale the query and key rows by its inverse square root each, so the
+    kept dims' scores stay as they were."""
+    names = {id(m): n for n, m in model.named_modules()}
+    paths = [names[id(layer.module)].split(".") for layer in attention.layers()]
+    common = [parts[0] for parts in zip(*paths) if len(set(parts)) == 1]
+    for end in range(len(common), 0, -1):  # the innermost module holding a setting that changed
+        path = ".".join(common[:end])
+        mine, theirs = vars(model.get_submodule(path)), vars(fresh.get_submodule(path))
+        changed = [theirs[k] / v for k, v in mine.items() if type(v) is float and type(theirs.get(k)) is float
+                   and v and theirs[k] != v]
+        if len(changed) == 1:
+            factor = changed[0]
+            break
+    else:
+        return
+    nothing = torch.zeros(0, dtype=torch.long)
+    every = torch.arange(attention.head_dim)
+    rows = attention.rows_for(*attention.every(), ([every] * attention.kv_heads, [nothing] * attention.kv_heads))
+    with torch.no_grad():
+        for layer in attention.qkv:
+            weight = layer.module.weight
+            index = rows[id(layer)].to(weight.device)
+            if layer.out_axis == 0:
+                weight[index] *= factor ** -0.5
+            else:
+                weight[:, index] *= factor ** -0.5
+            bias = getattr(layer.module, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                bias[index] *= factor ** -0.5
+
+
+def _params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _unit_params(blocks: list[Block], kind: str) -> int:
+    """Parameters of the blocks' attention (``attention``) or MLP and expert (``mlp``) layers."""
+    if kind == "attention":
+        modules = {id(layer.module): layer.module for b in blocks for a in (*b.attentions, *b.bound)
+                   for layer in a.layers()}
+        return sum(p.numel() for m in modules.values() for p in m.parameters())
+    modules = {id(layer.module): layer.module for b in blocks for m in b.mlps for layer in m.layers()}
+    count = sum(p.numel() for m in modules.values() for p in m.parameters())
+    return count + sum(getattr(e.module, n).numel() for b in blocks for e in b.experts for n in (*e.ups, e.down))
+
+
+def _unit_shape(blocks: list[Block]) -> tuple[list[int], list[int]]:
+    """The head counts and MLP widths of the blocks' units."""
+    return [a.heads for b in blocks for a in (*b.attentions, *b.bound)], _widths(blocks)
+
+
+def _refused(blocks: list[Block], shape: tuple[list[int], list[int]], heads_ratio: float, mlp_ratio: float) -> bool:
+    """Whether the heads or the MLP, asked to shrink, kept their ``shape`` (refused, or no such unit found)."""
+    heads, widths = _unit_shape(blocks)
+    return (heads_ratio > 0 and (not heads or heads == shape[0])) or (mlp_ratio > 0 and (not widths or widths == shape[1]))
+
+
 def _widths(blocks: list[Block]) -> list[int]:
     return sorted({u.width for b in blocks for u in (*b.mlps, *b.experts)})
 
 
 def _snapshot(blocks: list[Block]) -> Callable[[], None]:
     """A function that puts the units' recorded head counts and layer widths back (after a refused change)."""
-    objects = [o for b in blocks for a in b.attentions for o in (a, *a.layers())]
+    objects = [o for b in blocks for a in (*b.attentions, *b.bound) for o in (a, *a.layers())]
     objects += [o for b in blocks for m in b.mlps for o in (m, *m.layers())]
     saved = [(o, dict(vars(o))) for o in objects]
 
@@ -298,9 +569,10 @@ def set_by_value(config: Any, names: tuple[str, ...], old: int, new: int, fill_n
 
 
 def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: list[str],
-            undo: Callable[[], None] | None = None, *, inputs: dict[str, Any]) -> bool:
-    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees
-    and the model still runs on ``inputs``.
+            undo: Callable[[], None] | None = None, *, inputs: dict[str, Any],
+            verify: Callable[[], str | None] | None = None) -> bool:
+    """Run ``change`` (cuts weights, edits the config); keep it if the stock class built from the config agrees,
+    the model still runs on ``inputs`` and ``verify`` (if given) finds nothing wrong after that.
 
     Otherwise the parameters, buffers, module settings, block lists and config are put back, ``undo`` runs,
     and one line saying why goes to ``skipped``.
@@ -313,7 +585,7 @@ def _commit(model: nn.Module, change: Callable[[], None], what: str, skipped: li
     saved_lists = {id(m): (m, list(m)) for m in model.modules() if isinstance(m, nn.ModuleList)}
     try:
         change()
-        problem = matches_stock(model) or _fails_to_run(model, inputs)
+        problem = matches_stock(model) or _fails_to_run(model, inputs) or (verify() if verify else None)
     except hidden_size.Refused as refusal:
         problem = str(refusal)
     except Exception as error:  # noqa: BLE001 - a config that refuses a value (typed fields) refuses the change
@@ -406,7 +678,7 @@ def _default_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _summary(model: nn.Module, blocks: list[Block]) -> dict[str, Any]:
     config = model.config
-    attentions = [a for b in blocks for a in b.attentions]
+    attentions = [a for b in blocks for a in (*b.attentions, *b.bound)]
     widths = sorted({u.width for b in blocks for u in (*b.mlps, *b.experts)})
     heads = config_int(config, HEAD_FIELDS)
     return {
