@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from optkit.kinds.base import ModelInputs, call_with
 from optkit.passes.prune.graph.arch import ArchSupport, arch_support, input_group, unprunable_grouped_convs
-from optkit.passes.prune.graph.tp_fixes import converging_groups
+from optkit.passes.prune.graph.tp_fixes import converging_groups, root_types
 
 if TYPE_CHECKING:
     from torch import nn
@@ -166,13 +166,6 @@ def trace_graph(root: nn.Module, inputs: Any, held: dict[Any, str],
         root.train(was_training)
     _hold_outputs(graph, outputs, held, submodule)
     return graph, held
-
-
-def root_types() -> list[type]:
-    """The layer types whose output channels root dependency groups."""
-    from torch import nn
-
-    return [nn.modules.conv._ConvNd, nn.Linear]
 
 
 def _own_held(root: nn.Module, held: dict[Any, str], support: ArchSupport) -> dict[Any, str]:

@@ -17,6 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 
 
+def root_types() -> list[type]:
+    """The layer types whose output channels root dependency groups."""
+    from torch import nn
+
+    return [nn.modules.conv._ConvNd, nn.Linear]
+
+
 @contextlib.contextmanager
 def concat_sizes_from_autograd() -> Iterator[None]:
     """While active, torch-pruning takes the widths of concat inputs from the autograd graph."""
@@ -89,7 +96,6 @@ def converging_groups(stage: str = "structured_prune") -> Iterator[None]:
     from torch_pruning.dependency import group as tp_group
 
     from optkit.core.progress import progress
-    from optkit.passes.prune.graph.pruner import root_types
 
     group_class, graph_class = tp_group.Group, tp_graph.DependencyGraph
     original_add, original_has, original_build = group_class.add_dep, group_class.has_pruning_op, \

@@ -11,12 +11,15 @@ token of the calibration batches.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-__all__ = ["input_norms", "run_with_inputs", "text_batches"]
+if TYPE_CHECKING:
+    from optkit.passes.prune.spec import PruneSpec
+
+__all__ = ["calibration_text", "example_keywords", "input_norms", "run_with_inputs", "text_batches"]
 
 
 def input_norms(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -85,3 +88,26 @@ def text_batches(model: nn.Module, spec: str, seq_len: int, batches: int, batch_
         max_positions=getattr(config, "max_position_embeddings", None))
     return [{"input_ids": ids[i:i + batch_size], "attention_mask": mask[i:i + batch_size]}
             for i in range(0, len(ids), batch_size)]
+
+
+def example_keywords(model: nn.Module, spec: PruneSpec) -> dict[str, Any]:
+    """The model's example inputs as forward keywords (without ``use_cache``)."""
+    from optkit.kinds import example_inputs
+
+    inputs = example_inputs(model, spec.input_shape)
+    keywords = dict(inputs.kwargs) or {getattr(model, "main_input_name", "input"): inputs.first()}
+    keywords.pop("use_cache", None)
+    return keywords
+
+
+def calibration_text(model: nn.Module, spec: PruneSpec) -> list[dict[str, Any]] | None:
+    """The transformer's calibration batches: ``calibration``, or ``calibration_batches`` batches of text blocks
+    from ``data`` (a text spec), each as long as the example inputs; ``None`` without either."""
+    from optkit.data.specs import is_text
+    from optkit.passes.prune.hf.calibration import text_batches
+
+    if spec.calibration is not None:
+        return list(spec.calibration)
+    if spec.data is None or not is_text(spec.data):
+        return None
+    return text_batches(model, spec.data, spec.input_shape[-1], spec.calibration_batches, spec.batch_size)

@@ -13,6 +13,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.errors import OptkitError
+from optkit.passes.prune.hf.calibration import calibration_text, example_keywords
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,16 +59,6 @@ def prune_transformer_to(model: nn.Module, spec: PruneSpec, widths: Widths) -> d
                 details["notes"].append(f"structured_prune {note}")
             return details
     return _prune_in_place(model, spec, widths, heads_ratio, keywords, batches)
-
-
-def example_keywords(model: nn.Module, spec: PruneSpec) -> dict[str, Any]:
-    """The model's example inputs as forward keywords (without ``use_cache``)."""
-    from optkit.kinds import example_inputs
-
-    inputs = example_inputs(model, spec.input_shape)
-    keywords = dict(inputs.kwargs) or {getattr(model, "main_input_name", "input"): inputs.first()}
-    keywords.pop("use_cache", None)
-    return keywords
 
 
 def first_block(model: nn.Module, keywords: dict[str, Any]) -> Block | None:
@@ -197,16 +188,3 @@ def _prune_in_place(model: nn.Module, spec: PruneSpec, widths: Widths, heads_rat
     return {"ratio": ratio, "importance": spec.importance, "refitted_layers": refitted, "transformer": result,
             "pruned_layers": after["attention_units"],
             "skipped_layers": {}, "notes": notes}
-
-
-def calibration_text(model: nn.Module, spec: PruneSpec) -> list[dict[str, Any]] | None:
-    """The transformer's calibration batches: ``calibration``, or ``calibration_batches`` batches of text blocks
-    from ``data`` (a text spec), each as long as the example inputs; ``None`` without either."""
-    from optkit.data.specs import is_text
-    from optkit.passes.prune.hf.calibration import text_batches
-
-    if spec.calibration is not None:
-        return list(spec.calibration)
-    if spec.data is None or not is_text(spec.data):
-        return None
-    return text_batches(model, spec.data, spec.input_shape[-1], spec.calibration_batches, spec.batch_size)

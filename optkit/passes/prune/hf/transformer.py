@@ -122,7 +122,7 @@ def heads_with_stream(model: nn.Module, spec: Any, widths: Any, details: dict[st
     takes fewer heads only with a narrower stream (hidden a multiple of the head count): the heads go here, in
     place, with the hidden size and what reads every block's heads (ESM's contact head). ``spec`` and ``widths``
     are the prune's ``PruneSpec`` and ``Widths``. Returns ``details``, updated when heads went."""
-    from optkit.passes.prune.hf.entry import calibration_text, example_keywords
+    from optkit.passes.prune.hf.calibration import calibration_text, example_keywords
 
     result = details.get("transformer") or {}
     heads_ratio = widths.ratio if widths.heads_ratio is None else widths.heads_ratio

@@ -51,7 +51,8 @@ def search(target: MixTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
     from optkit.analysis.evaluation import EvalSettings, load_eval_set, score, torch_logits
     from optkit.data.specs import is_text
     from optkit.model.stats import count_macs, count_params
-    from optkit.passes.prune.hf.entry import example_keywords, first_block
+    from optkit.passes.prune.hf.calibration import example_keywords
+    from optkit.passes.prune.hf.entry import first_block
 
     def measure(m: nn.Module) -> int:
         return count_macs(m, spec.input_shape) if target.measured == "macs" else count_params(m)
@@ -133,7 +134,8 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
     import torch
 
     from optkit.passes.prune.hf.candidates import MIN_ROWS, score_plans, val_rows
-    from optkit.passes.prune.hf.entry import calibration_text, compute_device, prune_planned
+    from optkit.passes.prune.hf.calibration import calibration_text
+    from optkit.passes.prune.hf.entry import compute_device, prune_planned
 
     plans = mix_plans(model, structure, target)
     if not plans:

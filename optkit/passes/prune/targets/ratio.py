@@ -114,7 +114,8 @@ def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Modul
     """
     import dataclasses
 
-    from optkit.passes.prune.hf.entry import example_keywords, first_block, prune_planned
+    from optkit.passes.prune.hf.calibration import example_keywords
+    from optkit.passes.prune.hf.entry import first_block, prune_planned
 
     structure = None if spec.drop_blocks else first_block(model, example_keywords(model, spec))
     if structure is not None:
