@@ -8,6 +8,8 @@ Usage:
     git show COMMIT:benchmarks/results/speedup.json > /tmp/speedup-before.json
     python benchmarks/compare_speedup.py /tmp/speedup-before.json benchmarks/results/speedup.json \\
         --label-before COMMIT --out benchmarks/results/speedup-regression.md
+
+Results without timings (each variant only its ``macs_ratio``) compare their MACs ratios alone.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def compare(before: dict, after: dict) -> dict:
             a, b = old[new["model"]][variant], new[variant]
             rows.append({"model": new["model"], "variant": variant, "macs": (a["macs_ratio"], b["macs_ratio"]),
                          "speedup": {s: (a[s]["speedup"], b[s]["speedup"], b[s]["speedup"] / a[s]["speedup"] - 1)
-                                     for s in SETTINGS}})
+                                     for s in SETTINGS if s in a and s in b}})
     return {"rows": rows, "macs_identical": all(r["macs"][0] == r["macs"][1] for r in rows)}
 
 
@@ -49,13 +51,17 @@ def markdown(result: dict, label_before: str, label_after: str, dates: tuple[str
              "|---|---|---:|" + "---|" * len(SETTINGS)]
     for row in result["rows"]:
         cells = [f"{a:.2f} -> {b:.2f} ({change:+.0%})" for a, b, change in row["speedup"].values()]
-        lines.append(f"| {row['model']} | {row['variant']} | {row['macs'][1]} | " + " | ".join(cells) + " |")
+        cells += ["-"] * (len(SETTINGS) - len(cells))
+        macs = row["macs"][1] if row["macs"][0] == row["macs"][1] else f"**{row['macs'][0]} -> {row['macs'][1]}**"
+        lines.append(f"| {row['model']} | {row['variant']} | {macs} | " + " | ".join(cells) + " |")
     lines += ["", "Largest relative change per variant and thread count (absolute):", ""]
     for variant in VARIANTS:
         for threads in ("t1", "t2"):
             changes = [abs(c) for r in result["rows"] if r["variant"] == variant
                        for s, (_, _, c) in r["speedup"].items() if s.startswith(threads)]
-            lines.append(f"- {variant}, {threads}: max {max(changes):.0%}, median {statistics.median(changes):.0%}")
+            if changes:
+                lines.append(f"- {variant}, {threads}: max {max(changes):.0%}, "
+                             f"median {statistics.median(changes):.0%}")
     if result["macs_identical"]:
         lines += ["", "With the same MACs ratios the pruned models have the same layer widths, so their ONNX files "
                       "do the same work; what moves between the runs is this machine's timing (torch-pruning's "
