@@ -52,6 +52,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -356,6 +357,15 @@ def first_error(lines: list) -> str | None:
     return texts[-1].strip() if texts else None
 
 
+def run_error(measured: dict) -> str:
+    """What ended a failed run: the signal that killed it (nothing optkit prints says so), or its first error."""
+    code = measured["returncode"]
+    if code < 0:
+        last = next((line.strip() for _, _, line in reversed(measured["lines"]) if line.strip()), "nothing")
+        return f"killed by {signal.Signals(-code).name} from outside the run (its last line: {last})"
+    return first_error(measured["lines"]) or f"exit code {code}"
+
+
 def settled_load(below: float = 1.0, patience_s: float = 90.0) -> float:
     """The 1-minute load average, after waiting (up to ``patience_s``) for it to drop below ``below``."""
     deadline = time.monotonic() + patience_s
@@ -413,7 +423,7 @@ def measure(model: str, blocks: int | None, variant: str, args, folder: Path, ca
            "cpu_sys_s": measured["cpu_sys_s"], "min_available_bytes": measured["min_available_bytes"],
            "input": source, "stages": stages(measured, report), "rss_series": _downsample(measured["samples"])}
     if measured["returncode"] != 0 or report is None:
-        row["error"] = first_error(measured["lines"]) or f"exit code {measured['returncode']}"
+        row["error"] = run_error(measured)
         row["log_tail"] = [line for _, _, line in measured["lines"][-15:]]
     else:
         written = safetensors_summary(out)
@@ -656,10 +666,14 @@ def markdown(record: dict) -> str:
         for r in noted:
             lines.append(f"- {r['label']} {r['model']} ({r['variant']}, {r['report']['notes']} notes): "
                          + "; ".join(f"“{note}”" for note in r["report"]["first_notes"]))
-    failures = [r for r in rows if "error" in r]
+    failures = [r for r in rows if "error" in r] + record.get("earlier_failures", [])
     if failures:
-        lines += ["", "## Failures", ""]
-        lines += [f"- {r['label']} {r['model']} ({r['variant']}): exit {r['returncode']} after {_s(r['wall_s'])}: "
+        lines += ["", "## Failures", "", "Runs that did not finish, including earlier attempts a later run replaced "
+                  "(started at; 1-minute load average before; peak tree RSS and least memory available while it "
+                  "ran).", ""]
+        lines += [f"- {r['label']} {r['model']} ({r['variant']}), started {r['started']}, load "
+                  f"{r['load_avg_1min_before']:.2f}: exit {r['returncode']} after {_s(r['wall_s'])}, peak "
+                  f"{_gb(r['peak_rss_tree_bytes'])} GB, least available {_gb(r['min_available_bytes'])} GB: "
                   f"`{r['error']}`" for r in failures]
     lines += memory_markdown(record)
     return "\n".join(lines) + "\n"
@@ -871,6 +885,10 @@ def main() -> None:
             if build_s is not None:
                 row["build_s"] = build_s
             key = (row["label"], row["model"], row["variant"])
+            replaced = [r for r in record["rows"] if (r["label"], r["model"], r["variant"]) == key]
+            # A failed attempt that a new run replaces stays on record, without its samples.
+            record.setdefault("earlier_failures", []).extend(
+                {k: v for k, v in r.items() if k not in ("rss_series", "stages")} for r in replaced if "error" in r)
             record["rows"] = [r for r in record["rows"] if (r["label"], r["model"], r["variant"]) != key] + [row]
             save(record, args.results)
     print(f"wrote {args.results / NAME}.{{json,md,png}}", flush=True)
