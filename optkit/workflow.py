@@ -27,14 +27,14 @@ from optkit.io.models import LoadedModel
 from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty, scratch_folder
 from optkit.kinds import ModelKind, kind_of
 from optkit.kinds.base import eval_progress
-from optkit.passes.deploy.passes import OPENVINO_FILES
+from optkit.passes.deploy.passes import FRONTIER_PLOT, OPENVINO_FILES
 from optkit.runtime.openvino import missing_note as missing_openvino_note
 
 OUTPUT_FILES = ("model.pt", "recipe.toml", "report.json", "report.md", CHANNELS_PLOT)
 #: The slimmed checkpoint: written for models no stock class describes, or when asked (``save_pt``).
 CHECKPOINT_FILE = "model.pt"
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.decode.onnx", "model.decode.onnx.data", "model.int8.onnx",
-                *OPENVINO_FILES)
+                *OPENVINO_FILES, FRONTIER_PLOT)
 #: Every file a run may write (a transformer is also written as a save_pretrained folder).
 RUN_FILES = OUTPUT_FILES + EXPORT_FILES + PRETRAINED_FILES
 #: Below this many ms per batch-1 call, ONNX Runtime's own per-call cost is a large part of the time, so

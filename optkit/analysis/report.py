@@ -453,6 +453,40 @@ def deploy_lines(deploy: dict[str, Any] | None) -> list[str]:
                      "–" if accuracy is None else f"{accuracy:.2%}",
                      "–" if not latency else f"{latency['median_ms']:.2f}"]
         lines.append(f"| {c['name']} | {c['status']} | {' | '.join(cells)} | {speed} | {size} | {reason} |")
+    return lines + budget_lines(deploy.get("budget"))
+
+
+def budget_lines(budget: dict[str, Any] | None) -> list[str]:
+    """A latency budget's frontier: each deployment pruned just enough, its measured latency and score, the chosen
+    one marked, and the plot."""
+    if not budget:
+        return []
+    metric = budget["metric"]
+    lines = ["", "### Latency budget", "",
+             f"Budget: {budget['asked']}. Each deployment that passed its checks was pruned just enough to meet it, "
+             f"measured in its own runtime; those that met it were scored on the data's val split and the best "
+             f"{metric} was chosen. Efficiency is the measured speed-up in that deployment × the MACs kept (1.00: "
+             "the time fell as much as the MACs).", "",
+             f"| deployment | status | MACs kept | params kept | unpruned ms | ms | speed-up | efficiency | {metric} | "
+             "tries | why not chosen |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+    def cell(value: float | None, spec: str) -> str:
+        return "–" if value is None else format(value, spec)
+
+    for p in budget["points"]:
+        score = (p.get("score") or {}).get(metric)
+        shown = cell(score, ".2%" if metric == "accuracy" else ".3f")
+        name = f"**{p['name']}** (chosen)" if p["status"] == "chosen" else p["name"]
+        reason = (p.get("reason") or "").replace("|", "/")
+        lines.append(f"| {name} | {p['status']} | {cell(p.get('macs_fraction'), '.3f')} | "
+                     f"{cell(p.get('params_fraction'), '.3f')} | {cell(p.get('unpruned_ms'), '.2f')} | "
+                     f"{cell(p.get('ms'), '.2f')} | {cell(p.get('speedup'), '.2f')} | {cell(p.get('efficiency'), '.2f')}"
+                     f" | {shown} | {len(p.get('tries') or [])} | {reason} |")
+    if budget.get("remeasured_ms") is not None:
+        lines += ["", f"The chosen deployment timed again by deploy: {budget['remeasured_ms']:.2f} ms against "
+                      f"{budget['budget_ms']:.2f} ms ({'met' if budget['met_again'] else 'missed'})."]
+    if budget.get("plot"):
+        lines += ["", f"![{metric} against measured latency, each deployment pruned to the budget]({budget['plot']})"]
     return lines
 
 

@@ -41,6 +41,8 @@ class RunContext:
         rank: this process's rank in a distributed run (0 otherwise).
         world_size: the number of processes in the run.
         data: the input normalization (``{"mean": ..., "std": ...}``) of each dataset spec the passes read.
+        plan: what an earlier step decided that a later one carries out (the deployment a latency budget chose,
+            and the frontier it was chosen from, for ``deploy``).
     """
 
     out_dir: Path | None = None
@@ -50,7 +52,9 @@ class RunContext:
     rank: int = 0
     world_size: int = 1
     data: dict[str, dict[str, str]] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
     _input: Any = field(default=None, init=False, repr=False)
+    _steps: Sequence[Any] = field(default=(), init=False, repr=False)
     _step: tuple[str, int, int] = field(default=("", 1, 1), init=False, repr=False)
 
     @property
@@ -70,6 +74,11 @@ class RunContext:
                 raise RuntimeError("the model before the pipeline is known only while a pipeline binds its steps")
             self.teacher = copy.deepcopy(self._input).eval()
         return self.teacher
+
+    def step(self, name: str) -> Any:
+        """The run's first step named ``name`` (unbound), or ``None``; known only while a pipeline binds its steps,
+        so a step may depend on one after it (a latency budget is met in the run's ``deploy``)."""
+        return next((step for step in self._steps if getattr(step, "name", None) == name), None)
 
     def output_path(self, name: str) -> Path:
         """Where a pass writes the published file ``name`` (in :attr:`files_dir`, else :attr:`out_dir`, else here)."""
@@ -96,7 +105,7 @@ class RunContext:
         counts = Counter(getattr(step, "name", None) for step in steps)
         seen: Counter = Counter()
         bound = []
-        self._input = model
+        self._input, self._steps = model, tuple(steps)
         try:
             for step in steps:
                 name = getattr(step, "name", None)
@@ -107,7 +116,7 @@ class RunContext:
                 self._step = (name, seen[name], counts[name])
                 bound.append(step.bind(self))
         finally:
-            self._input = None
+            self._input, self._steps = None, ()
         return bound
 
 

@@ -24,6 +24,7 @@ a ``Pass`` is the kind that also has a recipe and CLI form.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -97,6 +98,16 @@ class Pass(Settings):
     def apply(self, model: nn.Module) -> PassResult:
         """Transform ``model`` and return it with details for the report."""
         raise NotImplementedError
+
+    def check_run(self, steps: Sequence[Any]) -> None:
+        """Rules that involve the run's other steps, checked when a pipeline is built (default: none).
+
+        Args:
+            steps: every step of the pipeline, in order, this one among them.
+
+        Raises:
+            OptkitError: naming the steps that cannot run together and what to do.
+        """
 
     def bind(self, context: RunContext) -> Pass:
         """This pass with what it takes from the run's context filled in; a pipeline calls it before running.

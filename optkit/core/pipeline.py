@@ -104,6 +104,7 @@ class Pipeline:
     Raises:
         TypeError: for a step that is neither a Pass nor a callable.
         FormError: for a step that cannot take the form the step before it returns.
+        OptkitError: for steps that cannot run together (see :meth:`Pass.check_run`).
 
     Example::
 
@@ -118,6 +119,9 @@ class Pipeline:
             if not isinstance(step, Pass) and not callable(step):
                 raise TypeError(f"pipeline step {index} is a {type(step).__name__}, not a Pass or a callable model -> model")
         check_forms(self.passes)
+        for step in self.passes:
+            if isinstance(step, Pass):
+                step.check_run(self.passes)
         #: Whether the input shape was given (else it may be inferred from the model, see ``optkit optimize``).
         self.input_shape_given = input_shape is not None
         self.input_shape = check_input_shape(input_shape) or DEFAULT_INPUT_SHAPE

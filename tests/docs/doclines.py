@@ -272,6 +272,10 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     "runs/ddp": (
         "tests/passes/finetune/test_distributed.py::test_two_cpu_processes_end_with_identical_weights",
         "tests/passes/finetune/test_distributed.py::test_torchrun_prune_and_finetune_writes_once"),
+    "optkit optimize optkit/demo/fashion_resnet.pt --target-latency 3ms --export onnx --deploy --calib-data "
+    "fashion-mnist --out runs/budget": (
+        "tests/passes/deploy/test_budget_cli.py::"
+        "test_a_budget_met_unpruned_keeps_the_most_accurate_deployment_and_reports_the_frontier",),
     "optkit optimize optkit/demo/python_docs_lm --prune 0.2 --export onnx --deploy --calib-data text --eval text "
     "--out runs/lm-deploy": (
         "tests/passes/deploy/test_tokens.py::test_the_cli_deploys_a_language_model_among_its_candidates_and_reports_them",

@@ -44,7 +44,7 @@ NOT_YET_EXERCISED = frozenset({
     'optkit optimize --insert-bn', 'optkit optimize --int8-eval-samples', 'optkit optimize --int8-exclude',
     'optkit optimize --int8-mode', 'optkit optimize --int8-op-types', 'optkit optimize --int8-seed',
     'optkit optimize --int8-timing-threads', 'optkit optimize --max-accuracy-drop',
-    'optkit optimize --max-excluded', 'optkit optimize --opset', 'optkit optimize --random-calibration',
+    'optkit optimize --max-excluded', 'optkit optimize --opset',
     'optkit optimize --rtol', 'optkit optimize --simplify',
     'optkit optimize --static-batch',
     'optkit optimize --trust', 'optkit sensitivity --arch',

@@ -133,7 +133,7 @@ def choose_deployment(fp32_path: str | os.PathLike, settings: DeploySettings, *,
             builder = token_deploy.TokenCandidates(source, scratch, settings, tuple(input_shape), model)
             candidates = [_build_token(name, builder) for name in settings.candidates or TOKEN_CANDIDATES]
         else:
-            candidates = [_build(name, source, scratch, settings, tuple(input_shape), threads)
+            candidates = [build_candidate(name, source, scratch, settings, tuple(input_shape), threads)
                           for name in settings.candidates or CANDIDATES]
         ready = [c for c in candidates if c.status == "verified"]
         if not ready:
@@ -217,9 +217,10 @@ def _build_token(name: str, builder: token_deploy.TokenCandidates) -> Candidate:
     return candidate
 
 
-def _build(name: str, source: Path, scratch: Path, settings: DeploySettings, shape: tuple[int, ...],
-           threads: int) -> Candidate:
-    """One candidate, built in ``scratch`` and checked; a failed check or a missing runtime becomes its reason."""
+def build_candidate(name: str, source: Path, scratch: Path, settings: DeploySettings, shape: tuple[int, ...],
+                    threads: int) -> Candidate:
+    """Candidate ``name`` of the FP32 file ``source`` (not a language model's), built in ``scratch`` and checked on
+    the task; a failed check or a missing runtime becomes its status and reason."""
     from optkit.passes.quantize import quantize_onnx
 
     runtime, precision = name.split("-")

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: The files an OpenVINO deployment of ``model.onnx`` adds to a run's output folder.
 OPENVINO_FILES = ("model.xml", "model.bin")
+#: The plot of a latency budget's frontier (accuracy against measured latency), written beside ``model.onnx``.
+FRONTIER_PLOT = "frontier.png"
 
 
 def openvino_path(onnx_path: str | os.PathLike) -> Path:
@@ -117,10 +119,21 @@ class Deploy(DeploySettings, Pass):
     reference: Any = setting(None, help="The model before the pipeline, exported to time the deployments against "
                              "(default: the run's model before its passes; none: the exported file itself).",
                              recipe=False, compare=False, repr=False)
+    plan: Any = setting(None, help="The run's plan: the deployment a latency budget chose and its frontier (filled "
+                        "in from the run's context).", recipe=False, compare=False, repr=False)
 
     def bind(self, context: RunContext) -> Deploy:
-        """Time against the model as it was before the pipeline (a copy made before any pass changed it)."""
-        return self if self.reference is not None else dataclasses.replace(self, reference=context.original())
+        """Time against the model as it was before the pipeline (a copy made before any pass changed it), and follow
+        the run's plan (a latency budget's choice)."""
+        reference = self.reference if self.reference is not None else context.original()
+        return dataclasses.replace(self, reference=reference, plan=context.plan)
+
+    def meet_budget(self, prune: Any, model: Any) -> PassResult:
+        """Prune ``model`` just enough for the most accurate deployment to meet ``prune``'s latency budget, and plan
+        that deployment (see :func:`optkit.passes.deploy.budget.meet_budget`)."""
+        from optkit.passes.deploy.budget import meet_budget
+
+        return meet_budget(self, prune, model)
 
     def apply(self, model: OnnxModel) -> PassResult:
         """Choose and write the fastest verified deployment of the ONNX file ``model``.
@@ -151,6 +164,8 @@ class Deploy(DeploySettings, Pass):
             raise ExportError(f"{', '.join(taken)} was written by an earlier step; deploy writes the deployment it "
                               "chooses: drop --int8 and --openvino")
         shape = tuple(self.input_shape or model.input_shape)
+        budget = (self.plan or {}).get("budget")
+        settings = dataclasses.replace(self, candidates=(self.plan["deployment"],)) if budget else self
         with tempfile.TemporaryDirectory(prefix="optkit-deploy-") as scratch:
             baseline = None
             if self.reference is not None:
@@ -159,7 +174,7 @@ class Deploy(DeploySettings, Pass):
                 if decode.decode_path(model.path).is_file() and decode.unsupported(self.reference) is None:
                     # A language model's candidates are compared by decode time: the unpruned decode graph too.
                     decode.export_decode(self.reference, decode.decode_path(baseline))
-            result = choose_deployment(model.path, self, input_shape=shape, baseline=baseline,
+            result = choose_deployment(model.path, settings, input_shape=shape, baseline=baseline,
                                        model=model.source).to_dict()
         chosen = Path(model.path).with_name(result["path"])
         what = {"decode": " decode ms/step", "prefill": " prefill ms"}.get(result["timed_as"], " ms")
@@ -168,6 +183,19 @@ class Deploy(DeploySettings, Pass):
                      f"({result['threads']} thr, batch {result['batch_size']})",
             "before_ms": result["baseline"]["median_ms"],
             "after_ms": next(c["latency"]["median_ms"] for c in result["candidates"] if c["status"] == "chosen")}]
+        if budget:
+            self._report_budget(result, budget, Path(model.path).with_name(FRONTIER_PLOT))
         form = (OnnxModel(chosen, model.input_shape, model.source, result["precision"])
                 if result["runtime"] == "onnxruntime" else model)
         return PassResult(form, result)
+
+    @staticmethod
+    def _report_budget(result: dict[str, Any], budget: dict[str, Any], plot: Path) -> None:
+        """Add the budget's frontier, the chosen deployment timed again against it, and the frontier plot."""
+        from optkit.passes.deploy.budget import plot_frontier, recheck
+
+        result["budget"] = budget
+        result["notes"].insert(1, recheck(budget, result))
+        if plot_frontier(budget, plot):
+            result["files"][plot.name] = plot.stat().st_size
+            budget["plot"] = plot.name

@@ -14,7 +14,8 @@ handler through :func:`optkit.passes.prune.graph.channels.prune_to`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,12 @@ from optkit.core.contract import DEFAULT_INPUT_SHAPE, Pass, PassResult, Stage
 from optkit.core.errors import OptkitError
 from optkit.core.registry import register_pass
 from optkit.core.settings import calib_data_setting, setting, shared_setting
+from optkit.passes.prune.targets.budget import bind_budget, check_budget_run, check_latency_target
 
 if TYPE_CHECKING:
     from torch import nn
 
+    from optkit.core.context import RunContext
     from optkit.passes.prune.spec import PruneSpec
     from optkit.passes.prune.targets.curves import Sensitivity
 
@@ -131,10 +134,17 @@ class StructuredPrune(Pass):
     target_params: float | None = setting(None, help="Prune until parameters are this fraction of the original "
                                           "(instead of ratio).", low=0, high=1, low_open=True, high_open=True,
                                           flag="target-params", enables=True, replaces=("ratio",))
-    target_latency: float | None = setting(None, help="Prune until the ONNX Runtime latency, measured on this "
-                                           "machine, is this fraction of the original (instead of ratio).",
-                                           low=0, high=1, low_open=True, high_open=True, flag="target-latency",
-                                           enables=True, replaces=("ratio",))
+    target_latency: float | str | None = setting(None, help="Prune until the ONNX Runtime latency, measured on "
+                                                 "this machine, is this fraction of the original (instead of ratio). "
+                                                 "With --deploy it is a budget met in any deployment: a fraction of "
+                                                 "the unpruned ONNX Runtime FP32 latency, milliseconds per call at "
+                                                 "--deploy-batch (3ms) or a language model's decode tokens/s "
+                                                 "(40tok/s); each candidate is pruned just enough to meet it and the "
+                                                 "most accurate on --calib-data is kept (docs/techniques/deployment.md).",
+                                                 check=check_latency_target, flag="target-latency", enables=True,
+                                                 replaces=("ratio",), metavar="FRACTION|Nms|Ntok/s")
+    deployment: Any = setting(None, help="The deploy step a latency budget is met in (filled in from the run's "
+                              "steps).", recipe=False, compare=False, repr=False)
     latency_threads: int | None = setting(None, help="Intra-op threads the latency target is measured at "
                                           "(default: all cores).", low=1, flag="threads")
     latency_batch: int = setting(1, help="Batch size the latency target is measured at.", low=1, flag="batch")
@@ -188,7 +198,23 @@ class StructuredPrune(Pass):
             raise ValueError(f"importance {self.importance!r} needs data: set data (a dataset spec) or calibration "
                              "(batches)")
 
+    def check_run(self, steps: Sequence[Any]) -> None:
+        """A latency target refuses the runs it cannot be met in (see
+        :func:`optkit.passes.prune.targets.budget.check_budget_run`)."""
+        if self.target_latency is not None:
+            check_budget_run(self.target_latency, steps)
+
+    def bind(self, context: RunContext) -> StructuredPrune:
+        """With a latency target in a run with ``deploy``, the deploy step it is met in."""
+        bound = super().bind(context)
+        if self.target_latency is None or self.deployment is not None:
+            return bound
+        deployment = bind_budget(context)
+        return bound if deployment is None else dataclasses.replace(bound, deployment=deployment)
+
     def apply(self, model: nn.Module) -> PassResult:
+        if self.deployment is not None:
+            return self.deployment.meet_budget(self, model)
         # Importing the handlers' modules registers them with the targets they reach.
         from optkit.passes.prune.targets import latency as latency_target  # noqa: F401
         from optkit.passes.prune.targets import mix as mix_target
@@ -218,6 +244,9 @@ class StructuredPrune(Pass):
         from optkit.passes.prune.hf import describes_transformer
         from optkit.passes.prune.targets import configs as targets
 
+        if isinstance(self.target_latency, str):
+            raise OptkitError(f"target_latency {self.target_latency} is a budget met in a deployment: run it in a "
+                              "pipeline with deploy, or give a fraction of the original's latency (0.5)")
         if self.target_latency is not None:
             round_to = None if self.round_to == "auto" else self.round_to
             return targets.LatencyTarget(self.target_latency, self.target_tolerance, self.latency_threads,

@@ -128,7 +128,8 @@ def search(target: LatencyTarget, spec: PruneSpec, model: nn.Module) -> PassResu
             files += paths
             aims = {kind: next_aim([(t["macs_fraction" if kind == "macs" else "predicted_fraction"],
                                      t["measured_fraction"]) for t in tries if t["proposal"] == kind], goal)
-                    for kind in aims if not _landed(tries, kind, goal)}
+                    for kind in aims if not _landed(tries, kind, goal)
+                    and any(t["proposal"] == kind for t in tries)}
             if not aims:
                 break
         finalists = _finalists(tries, goal)

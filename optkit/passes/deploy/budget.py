@@ -1,0 +1,210 @@
+"""A latency budget met in a deployment: the models and runtimes behind :func:`optkit.passes.deploy.search.search`.
+
+:func:`meet_budget` is what ``structured_prune`` runs when its ``target_latency``
+is met in the run's ``deploy`` step: it exports the model, builds, times and
+scores each candidate (:class:`ImageDeployer`), prunes copies with the
+latency-target engine (the prune pass itself at a latency fraction), and leaves
+the chosen deployment and the frontier in the run's plan, where ``deploy``
+finds them: it then builds only that deployment from the fine-tuned model,
+times it again against the budget, and draws the frontier
+(:func:`plot_frontier`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optkit.core.contract import PassResult
+from optkit.core.errors import OptkitError
+from optkit.passes.deploy.candidate import Candidate
+from optkit.passes.deploy.search import SCORE_SAMPLES, search
+from optkit.passes.deploy.settings import CANDIDATES
+from optkit.passes.prune.targets.budget import budget_unit
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from optkit.passes.deploy.settings import DeploySettings
+
+#: The chosen deployment, timed again after the run, may be this much over the budget before the report says so.
+RECHECK_TOLERANCE = 0.05
+
+
+def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
+    """Prune ``model`` just enough for its most accurate deployment to meet ``prune.target_latency``.
+
+    Args:
+        deploy: the run's bound ``deploy`` step (its settings, and the ``plan`` it reads later).
+        prune: the ``structured_prune`` step holding the budget; it prunes the copies at latency fractions.
+        model: the model before pruning (not changed).
+
+    Returns:
+        the chosen point's model (``model`` itself when it needed no pruning), with details ``budget`` (the
+        frontier, see :meth:`optkit.passes.deploy.search.SearchResult.section`) and ``notes``.
+
+    Raises:
+        OptkitError: for a language model, or when no candidate passes its checks or meets the budget.
+    """
+    from optkit.kinds import kind_of
+    from optkit.model.stats import count_macs, count_params
+
+    value, unit = budget_unit(prune.target_latency)
+    if kind_of(model).language_model:
+        raise OptkitError("a latency budget with --deploy is searched for image models so far; for a language model "
+                          "give --target-params and --deploy, which picks the fastest deployment that keeps its "
+                          "perplexity")
+    if unit == "tok/s":
+        raise OptkitError(f"--target-latency {prune.target_latency} is a language model's decode speed; give an image "
+                          "model's budget in milliseconds per call (3ms) or as a fraction of its latency (0.5)")
+    shape = tuple(prune.spec().input_shape)
+    threads = deploy.threads or os.cpu_count() or 1
+    names = [name for name in deploy.candidates or CANDIDATES if name in CANDIDATES]
+    macs, params = count_macs(model, shape), count_params(model)
+
+    def pruner(aim: float) -> tuple[Any, float, float]:
+        engine = dataclasses.replace(prune, target_latency=aim, deployment=None, latency_threads=threads,
+                                     latency_batch=deploy.batch)
+        pruned = engine.apply(model).model
+        return pruned, count_macs(pruned, shape) / macs, count_params(pruned) / params
+
+    scratch = Path(tempfile.mkdtemp(prefix="optkit-budget-"))
+    try:
+        deployer = ImageDeployer(deploy, model, shape, threads, scratch)
+        result = search(names, deployer, pruner, budget=value, unit=unit, unpruned_model=model)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    asked = (f"{value:g} of the unpruned ONNX Runtime FP32 latency ({result.budget_ms:.2f} ms)" if unit == "fraction"
+             else f"{value:g} ms")
+    section = result.section(f"{asked} per call at batch {deploy.batch}, {threads} thread(s)")
+    deploy.plan.update(deployment=result.chosen.name, budget=section)
+    chosen = result.chosen
+    note = (f"structured_prune: latency budget {asked}: {chosen.label} at {chosen.macs_fraction:.2f} of the MACs "
+            f"measured {chosen.ms:.2f} ms, {result.metric} {_score(chosen, result.metric)} on {deploy.calib_data} "
+            f"(val), the most accurate of {sum(p.score is not None for p in result.points)} deployment(s) that met it")
+    return PassResult(result.model, {"budget": section, "notes": [note]})
+
+
+def _score(point: Any, metric: str) -> str:
+    value = point.score[metric]
+    return f"{value:.2%}" if metric == "accuracy" else f"{value:.3f}"
+
+
+class ImageDeployer:
+    """Builds, times and scores an image model's candidates (see :class:`optkit.passes.deploy.search.Deployer`).
+
+    Each model is exported to its own folder of ``scratch`` (verified against PyTorch) and built there with
+    :func:`optkit.passes.deploy.choose.build_candidate`; timing interleaves the candidates with the unpruned
+    model's ONNX Runtime FP32 file at the settings' batch and threads; scoring runs a candidate in its own
+    runtime on the first :data:`optkit.passes.deploy.search.SCORE_SAMPLES` images of the data's ``val`` split.
+    """
+
+    metric = "accuracy"
+
+    def __init__(self, settings: DeploySettings, model: nn.Module, shape: tuple[int, ...], threads: int,
+                 scratch: Path):
+        self.settings, self.shape, self.threads, self.scratch = settings, shape, threads, scratch
+        self.tries = 0
+        self.unpruned = self._export(model, "unpruned")
+        self._batches = None
+
+    def _export(self, model: nn.Module, name: str) -> Path:
+        from optkit.export.onnx import export_onnx
+
+        folder = self.scratch / name
+        folder.mkdir()
+        export_onnx(model, folder / "model.onnx", self.shape)
+        return folder / "model.onnx"
+
+    def build(self, name: str, model: nn.Module | None) -> Candidate:
+        from optkit.passes.deploy.choose import build_candidate
+
+        if model is None:
+            source = self.unpruned
+        else:
+            self.tries += 1
+            source = self._export(model, f"try{self.tries}")
+        folder = source.parent / name
+        folder.mkdir(exist_ok=True)
+        return build_candidate(name, source, folder, self.settings, self.shape, self.threads)
+
+    def time(self, candidates: Sequence[Candidate]) -> tuple[float, list[float]]:
+        from optkit.analysis.latency import Deployment, interleaved_latency
+
+        timed = interleaved_latency([Deployment(self.unpruned),
+                                     *(Deployment(c.built, c.runtime, c.precision) for c in candidates)],
+                                    (self.settings.batch, *self.shape[1:]), threads=self.threads, warmup=3,
+                                    repeats=self.settings.repeats)
+        return timed[0].median_ms, [t.median_ms for t in timed[1:]]
+
+    def score(self, candidate: Candidate) -> dict[str, float]:
+        import numpy as np
+
+        from optkit.passes.quantize.calibration import load_batches
+        from optkit.runtime import openvino as ov
+        from optkit.runtime.onnxrt import onnx_session
+
+        if self._batches is None:
+            self._batches = load_batches(self.settings.calib_data, "val", self.shape,
+                                         batch_size=self.settings.batch_size, samples=SCORE_SAMPLES,
+                                         seed=self.settings.seed)
+        session = (ov.session(candidate.built, self.threads, precision=candidate.precision)
+                   if candidate.runtime == "openvino" else onnx_session(candidate.built, self.threads))
+        name = session.get_inputs()[0].name
+        correct = total = 0
+        for images, labels in zip(self._batches.inputs, self._batches.labels):
+            logits = session.run(None, {name: images})[0]
+            correct += int((np.argmax(logits, axis=1) == labels).sum())
+            total += len(labels)
+        return {"accuracy": correct / total}
+
+
+def recheck(budget: dict[str, Any], deployed: dict[str, Any]) -> str:
+    """The note on the chosen deployment timed again by ``deploy`` (after any fine-tuning) against the budget."""
+    ms = next(c["latency"]["median_ms"] for c in deployed["candidates"] if c["status"] == "chosen")
+    limit = budget["budget_ms"]
+    budget["remeasured_ms"] = round(ms, 4)
+    budget["met_again"] = ms <= limit * (1 + RECHECK_TOLERANCE)
+    verdict = ("within the budget" if ms <= limit else f"{ms / limit - 1:.1%} over the budget, within the "
+               f"{RECHECK_TOLERANCE:.0%} timing tolerance" if budget["met_again"] else
+               f"{ms / limit - 1:.1%} over the budget: the machine may be busier than during the search")
+    return (f"latency budget {budget['asked']}: {deployed['label']} timed again at {ms:.2f} ms against "
+            f"{limit:.2f} ms, {verdict}")
+
+
+def plot_frontier(budget: dict[str, Any], path: str | os.PathLike) -> bool:
+    """Draw each candidate's point (score against latency, the chosen one marked) and the budget line at ``path``.
+
+    Returns:
+        whether a plot was written (``False`` when no point was scored).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    scored = [p for p in budget["points"] if p.get("score") and p.get("ms") is not None]
+    if not scored:
+        return False
+    metric = budget["metric"]
+    figure = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for p in scored:
+        value = p["score"][metric] * (100 if metric == "accuracy" else 1)
+        chosen = p["status"] == "chosen"
+        axes.scatter(p["ms"], value, s=90 if chosen else 40, marker="*" if chosen else "o",
+                     color="tab:red" if chosen else "tab:blue", zorder=3)
+        axes.annotate(f"{p['name']} (MACs {p['macs_fraction']:.2f})", (p["ms"], value), textcoords="offset points",
+                      xytext=(5, 5), fontsize=8)
+    axes.axvline(budget["budget_ms"], color="tab:red", linestyle="--", label=f"budget {budget['budget_ms']:.2f} ms")
+    axes.set_xlabel("measured latency (ms per call)")
+    axes.set_ylabel("accuracy (%)" if metric == "accuracy" else metric)
+    axes.set_title("Deployments that meet the budget, each pruned just enough", fontsize=9)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(os.fspath(path), dpi=100, format="png")
+    return True

@@ -1,0 +1,291 @@
+"""The joint search: for a latency budget, the least pruning that meets it in each deployment, then the most accurate.
+
+Every candidate deployment (:data:`optkit.passes.deploy.settings.CANDIDATES`) is
+built and checked on the unpruned model, and those that pass are timed together
+with the unpruned model's ONNX Runtime FP32 file. A candidate already within the
+budget needs no pruning. For the others, the aim is the budget over the
+candidate's own unpruned latency; the pruner (the latency-target engine,
+:mod:`optkit.passes.prune.targets.latency`) prunes a copy to that fraction of
+its ONNX Runtime FP32 latency, the candidate is built from it and timed in its
+own runtime and precision, and the aim is corrected by what was measured, for at
+most :data:`CORRECTIONS` more rounds: down when the try missed the budget, up
+(less pruning) when it met it with more than :data:`SLACK` to spare; the next aim
+is interpolated between the tries closest to the budget on either side (the
+unpruned model is the try at aim 1.0), else extrapolated through the two closest. Every
+round's tries are timed in one interleaved run with the unpruned FP32 file, and
+each time is rescaled by that file's time against the first run, so load that
+comes and goes between runs does not move a candidate's figures. Because the
+time is measured in the deployment itself, channel cuts that do not pay there
+(depthwise blocks in a runtime that runs them slowly) show as a smaller
+measured speed-up and are corrected away, never taken on a prediction.
+
+Of each candidate's tries that meet the budget, the least pruned one (most MACs)
+is its point on the frontier; every such point is scored on the ``val`` split of
+the data given (accuracy for images), and the most accurate is chosen (the
+faster one on a tie). A budget no candidate reaches is an error naming the
+fastest latency any try reached.
+
+The work that touches models and runtimes is a :class:`Deployer` (build, time,
+score) and a pruner; tests give their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from optkit.core.errors import OptkitError
+from optkit.passes.deploy.candidate import Candidate
+
+#: Rounds after the first in which a candidate's aim is corrected by its measured latency.
+CORRECTIONS = 2
+#: A try that meets the budget with more than this fraction to spare is tried again with less pruning.
+SLACK = 0.08
+#: Aim a little under the budget, so that the measured latency lands within it.
+AIM_MARGIN = 0.97
+#: Aims (latency fractions of a candidate's unpruned latency) outside these bounds are not tried: below, the
+#: model would lose most of its channels; above, the engine has nothing to remove.
+MIN_AIM, MAX_AIM = 0.1, 0.98
+#: Validation images each candidate on the frontier is scored on.
+SCORE_SAMPLES = 1000
+
+
+@dataclass
+class Try:
+    """One pruned model built and timed in one deployment.
+
+    Attributes:
+        aim: the latency fraction the pruner was asked for (1.0: the unpruned model).
+        macs_fraction, params_fraction: the pruned model's MACs and parameters over the unpruned model's.
+        ms: its measured latency (rescaled to the first timing run, see the module docstring), or ``None`` when
+            it failed its check.
+        meets: whether ``ms`` is within the budget.
+        reason: why it was not timed (a failed check).
+    """
+
+    aim: float
+    macs_fraction: float
+    params_fraction: float
+    ms: float | None = None
+    meets: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class Point:
+    """One candidate deployment on the frontier.
+
+    Attributes:
+        name, label: the candidate (``openvino-int8``, ``OpenVINO INT8``).
+        status: ``chosen``; ``met`` (met the budget, less accurate than the chosen one); ``missed`` (no try met
+            it); ``refused`` or ``unavailable`` (failed its check on the unpruned model, or cannot run here).
+        unpruned_ms: its latency on the unpruned model.
+        tries: every pruned model tried in it, in order.
+        macs_fraction, params_fraction, ms: its point: the least pruned try that met the budget (or, when
+            none did, the fastest try).
+        speedup: its unpruned latency over ``ms``.
+        efficiency: ``speedup`` x ``macs_fraction``: 1.0 when the time fell as much as the MACs did.
+        score: what it scored on the data (``{"accuracy": ...}``), for the points that met the budget.
+        reason: why it was not chosen.
+    """
+
+    name: str
+    label: str
+    status: str
+    unpruned_ms: float | None = None
+    tries: list[Try] = field(default_factory=list)
+    macs_fraction: float | None = None
+    params_fraction: float | None = None
+    ms: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    score: dict[str, float] | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Deployer(Protocol):
+    """What the search asks of models and runtimes."""
+
+    #: The score that decides (``accuracy``: higher is better; ``perplexity``: lower is better).
+    metric: str
+
+    def build(self, name: str, model: Any) -> Candidate:
+        """Candidate ``name`` built from ``model`` (``None``: the unpruned model) and checked; its ``status`` is
+        ``verified`` when it passed, else ``refused``/``unavailable`` with a reason."""
+
+    def time(self, candidates: Sequence[Candidate]) -> tuple[float, list[float]]:
+        """The unpruned ONNX Runtime FP32 file's time and each candidate's, in ms, in one interleaved run."""
+
+    def score(self, candidate: Candidate) -> dict[str, float]:
+        """``{metric: value}`` of a built candidate on the data."""
+
+
+#: A pruner takes an aim (a latency fraction) and returns the pruned copy with its MACs and parameter fractions.
+Pruner = Callable[[float], tuple[Any, float, float]]
+
+
+@dataclass
+class SearchResult:
+    """What :func:`search` found.
+
+    Attributes:
+        chosen: the chosen point.
+        model: its pruned model (the unpruned one when it needed no pruning).
+        points: every candidate, in the order tried.
+        budget_ms: the budget in ms per call.
+        baseline_ms: the unpruned ONNX Runtime FP32 file's time in the first run.
+        metric: the score that decided.
+    """
+
+    chosen: Point
+    model: Any
+    points: list[Point]
+    budget_ms: float
+    baseline_ms: float
+    metric: str
+
+    def section(self, asked: str) -> dict[str, Any]:
+        """The frontier for the report: the budget (``asked`` in words), each point, and the choice."""
+        return {"asked": asked, "budget_ms": round(self.budget_ms, 4), "baseline_ms": round(self.baseline_ms, 4),
+                "metric": self.metric, "chosen": self.chosen.name, "points": [p.to_dict() for p in self.points]}
+
+
+def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: float, unit: str,
+           unpruned_model: Any = None) -> SearchResult:
+    """The most accurate deployment among ``names`` that meets the budget, each pruned just enough.
+
+    Args:
+        names: the candidates, simplest first.
+        deployer: builds, times and scores candidates.
+        prune: prunes a copy of the model to an aim (see :data:`Pruner`).
+        budget: milliseconds per call (``unit`` ``ms``), or a fraction of the unpruned ONNX Runtime FP32 file's
+            time (``fraction``).
+        unit: ``ms`` or ``fraction``.
+        unpruned_model: what the result's ``model`` is when the chosen point needs no pruning.
+
+    Returns:
+        the :class:`SearchResult`.
+
+    Raises:
+        OptkitError: when no candidate passes its checks, or none meets the budget (naming the fastest latency
+            reached).
+    """
+    points = {name: Point(name, name, "refused") for name in names}
+    built = {name: deployer.build(name, None) for name in names}
+    ready = []
+    for name, candidate in built.items():
+        points[name].label = candidate.label
+        if candidate.status != "verified":
+            points[name].status, points[name].reason = candidate.status, candidate.reason
+        else:
+            ready.append(name)
+    if not ready:
+        reasons = "; ".join(f"{p.name}: {p.reason}" for p in points.values())
+        raise OptkitError(f"no deployment passed its checks on the unpruned model ({reasons}); nothing was written")
+    baseline, times = deployer.time([built[name] for name in ready])
+    budget_ms = budget * baseline if unit == "fraction" else budget
+    models: dict[str, Any] = {}
+    kept: dict[str, Candidate] = {}
+    aims: dict[str, float] = {}
+    target = budget_ms * AIM_MARGIN
+    for name, ms in zip(ready, times):
+        point = points[name]
+        point.status, point.unpruned_ms = "missed", ms
+        point.tries.append(Try(1.0, 1.0, 1.0, ms, ms <= budget_ms))
+        if ms <= budget_ms:
+            models[name], kept[name] = unpruned_model, built[name]
+        elif (aim := _next_aim(point.tries, target)) >= MIN_AIM:
+            aims[name] = aim
+    cache: dict[float, tuple[Any, float, float]] = {}
+    for _ in range(1 + CORRECTIONS):
+        trying = []
+        for name, aim in aims.items():
+            key = round(min(aim, MAX_AIM), 3)
+            if key not in cache:
+                cache[key] = prune(key)
+            pruned, macs, params = cache[key]
+            candidate = deployer.build(name, pruned)
+            attempt = Try(key, macs, params)
+            points[name].tries.append(attempt)
+            if candidate.status != "verified":
+                attempt.reason = candidate.reason
+                continue
+            trying.append((name, candidate, attempt, pruned))
+        aims = {}
+        if not trying:
+            break
+        now, measured = deployer.time([candidate for _, candidate, _, _ in trying])
+        for (name, candidate, attempt, pruned), ms in zip(trying, measured):
+            attempt.ms = ms * baseline / now
+            attempt.meets = attempt.ms <= budget_ms
+            if attempt.meets and _best(points[name]) is attempt:
+                models[name], kept[name] = pruned, candidate
+            if attempt.meets and attempt.ms >= budget_ms * (1 - SLACK):
+                continue
+            aim = min(_next_aim(points[name].tries, target), MAX_AIM)
+            if aim >= MIN_AIM and all(abs(aim - t.aim) > 0.005 for t in points[name].tries):
+                aims[name] = aim
+    meeting = []
+    for name in ready:
+        point = points[name]
+        best = _best(point) or min((t for t in point.tries if t.ms is not None), key=lambda t: t.ms)
+        point.macs_fraction, point.params_fraction, point.ms = best.macs_fraction, best.params_fraction, best.ms
+        point.speedup = round(point.unpruned_ms / best.ms, 4)
+        point.efficiency = round(point.speedup * best.macs_fraction, 4)
+        if best.meets:
+            point.status = "met"
+            meeting.append(point)
+        else:
+            point.reason = (f"cannot meet {budget_ms:.2f} ms: fastest {best.ms:.2f} ms at {best.macs_fraction:.2f} of "
+                            "the MACs")
+    if not meeting:
+        raise OptkitError(_unreachable(points.values(), budget_ms))
+    for point in meeting:
+        point.score = deployer.score(kept[point.name])
+    sign = -1 if deployer.metric == "perplexity" else 1
+    chosen = max(meeting, key=lambda p: (sign * p.score[deployer.metric], -p.ms))
+    chosen.status = "chosen"
+    for point in meeting:
+        if point is not chosen:
+            point.reason = (f"met the budget, but {deployer.metric} {_figure(point, deployer.metric)} against "
+                            f"{_figure(chosen, deployer.metric)}")
+    return SearchResult(chosen, models[chosen.name], list(points.values()), budget_ms, baseline, deployer.metric)
+
+
+def _next_aim(tries: Sequence[Try], target: float) -> float:
+    """The aim whose measured time should be ``target``: interpolated between the tries closest to it on either
+    side, else extrapolated through the two closest (the unpruned model is a try at aim 1.0), else scaled."""
+    timed = [t for t in tries if t.ms is not None]
+    above, below = [t for t in timed if t.ms > target], [t for t in timed if t.ms <= target]
+    if above and below:
+        pair = [max(below, key=lambda t: t.ms), min(above, key=lambda t: t.ms)]
+    else:
+        pair = sorted(timed, key=lambda t: abs(t.ms - target))[:2]
+    closest = pair[0]
+    if len(pair) == 2 and pair[0].aim != pair[1].aim:
+        slope = (pair[1].ms - pair[0].ms) / (pair[1].aim - pair[0].aim)
+        if slope > 0:
+            return closest.aim + (target - closest.ms) / slope
+    return closest.aim * target / closest.ms
+
+
+def _best(point: Point) -> Try | None:
+    """The least pruned try of ``point`` that met the budget (the faster of two alike)."""
+    return max((t for t in point.tries if t.meets), key=lambda t: (t.macs_fraction, -t.ms), default=None)
+
+
+def _figure(point: Point, metric: str) -> str:
+    value = point.score[metric]
+    return f"{value:.2%}" if metric == "accuracy" else f"{value:.3f}"
+
+
+def _unreachable(points: Sequence[Point] | Any, budget_ms: float) -> str:
+    timed = [(t.ms, p, t) for p in points for t in p.tries if t.ms is not None]
+    ms, point, attempt = min(timed, key=lambda item: item[0])
+    return (f"no deployment meets the budget of {budget_ms:.2f} ms per call: the fastest reachable is {ms:.2f} ms "
+            f"({point.label} at {attempt.macs_fraction:.2f} of the MACs); give --target-latency {ms * 1.05:.2f}ms or "
+            "more; nothing was written")

@@ -1,0 +1,112 @@
+"""The real side of a latency budget (:mod:`optkit.passes.deploy.budget`) on a tiny conv net with a depthwise block:
+the deployer's builds, timings and scores, and (slow) a whole run whose chosen deployment meets the budget when
+timed again."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from optkit.core.errors import OptkitError
+from optkit.core.pipeline import Pipeline
+from optkit.passes.export.passes import ExportOnnx
+from optkit.passes.deploy.budget import ImageDeployer, plot_frontier, recheck
+from optkit.passes.deploy.passes import Deploy
+from optkit.passes.deploy.search import SCORE_SAMPLES
+from optkit.passes.deploy.settings import DeploySettings
+from optkit.passes.prune.passes import StructuredPrune
+
+SHAPE = (1, 3, 16, 16)
+DATA = "synthetic:64:3x16x16:4"
+
+
+class Depthwise(nn.Module):
+    """A stem, an inverted residual block (1x1 expand, 3x3 depthwise, 1x1 project), a head of 4 classes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.expand = nn.Sequential(nn.Conv2d(32, 64, 1), nn.BatchNorm2d(64), nn.ReLU())
+        self.depthwise = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, groups=64), nn.BatchNorm2d(64), nn.ReLU())
+        self.project = nn.Sequential(nn.Conv2d(64, 32, 1), nn.BatchNorm2d(32))
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.project(self.depthwise(self.expand(x)))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_the_deployer_builds_times_and_scores_each_model_in_its_own_runtime(tmp_path):
+    model = Depthwise().eval()
+    settings = DeploySettings(calib_data=DATA, repeats=2, min_agreement=0.0, max_accuracy_drop=1.0)
+    deployer = ImageDeployer(settings, model, SHAPE, 1, tmp_path)
+    unpruned = deployer.build("onnxruntime-fp32", None)
+    pruned_model = StructuredPrune(ratio=0.5, round_to=8, input_shape=SHAPE)(Depthwise().eval())
+    pruned = deployer.build("onnxruntime-fp32", pruned_model)
+    assert unpruned.status == pruned.status == "verified" and unpruned.built != pruned.built
+    assert pruned.built.parent.name == "try1" and deployer.tries == 1
+    baseline, times = deployer.time([unpruned, pruned])
+    assert baseline > 0 and len(times) == 2 and all(ms > 0 for ms in times)
+    # The score is the model's own top-1 accuracy on the data's val split, run in ONNX Runtime.
+    from optkit.passes.quantize.calibration import load_batches
+
+    val = load_batches(DATA, "val", SHAPE, batch_size=64, samples=SCORE_SAMPLES)
+    with torch.no_grad():
+        expected = np.mean([int(p == y) for x, labels in zip(val.inputs, val.labels)
+                            for p, y in zip(model(torch.from_numpy(x)).argmax(1).tolist(), labels)])
+    assert deployer.score(unpruned)["accuracy"] == pytest.approx(expected, abs=1.5 / val.samples)
+
+
+def test_recheck_and_plot_say_whether_the_chosen_deployment_still_meets_the_budget(tmp_path):
+    points = [{"name": "onnxruntime-fp32", "status": "met", "ms": 2.9, "macs_fraction": 0.6,
+               "score": {"accuracy": 0.90}, "tries": []},
+              {"name": "openvino-int8", "status": "chosen", "ms": 2.5, "macs_fraction": 0.9,
+               "score": {"accuracy": 0.91}, "tries": []},
+              {"name": "openvino-bf16", "status": "missed", "ms": 4.0, "macs_fraction": 0.2, "score": None,
+               "tries": []}]
+    budget = {"asked": "3 ms per call", "budget_ms": 3.0, "metric": "accuracy", "points": points}
+    deployed = {"label": "OpenVINO INT8", "candidates": [{"status": "chosen", "latency": {"median_ms": 3.1}}]}
+    note = recheck(budget, deployed)
+    assert budget["met_again"] is True and budget["remeasured_ms"] == 3.1
+    assert "3.3% over the budget, within the 5% timing tolerance" in note
+    deployed["candidates"][0]["latency"]["median_ms"] = 3.3
+    assert "over the budget: the machine may be busier" in recheck(budget, deployed) and not budget["met_again"]
+    assert plot_frontier(budget, tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert not plot_frontier({**budget, "points": points[2:]}, tmp_path / "none.png")
+
+
+def test_a_budget_in_a_pipeline_without_deploy_or_data_is_refused_when_the_pipeline_is_built():
+    with pytest.raises(OptkitError, match="is met in a deployment: add --deploy"):
+        Pipeline([StructuredPrune(target_latency="2ms"), ExportOnnx()], input_shape=SHAPE)
+    with pytest.raises(OptkitError, match="needs data to score them on"):
+        Pipeline([StructuredPrune(target_latency=0.5), ExportOnnx(), Deploy()], input_shape=SHAPE)
+    with pytest.raises(OptkitError, match="is a budget met in a deployment"):
+        StructuredPrune(target_latency="2ms", input_shape=SHAPE)(Depthwise().eval())
+
+
+@pytest.mark.slow
+def test_a_pipeline_meets_a_budget_measured_again_in_the_chosen_deployment(tmp_path):
+    """Real pruning, building and timing (minutes): the chosen deployment, timed again by deploy, is within the
+    budget's timing tolerance, and the frontier lists every candidate."""
+    from optkit.core.context import RunContext
+
+    model = Depthwise().eval()
+    pipeline = Pipeline([StructuredPrune(target_latency=0.7, round_to=8),
+                         ExportOnnx(path=str(tmp_path / "model.onnx")),
+                         Deploy(calib_data=DATA, threads=1, repeats=20, min_agreement=0.0, max_accuracy_drop=1.0,
+                                candidates=("onnxruntime-fp32", "onnxruntime-int8"))], input_shape=SHAPE)
+    run = pipeline.run(model, context=RunContext(out_dir=tmp_path))
+    deploy = run.records[-1].details
+    budget = deploy["budget"]
+    assert {p["name"] for p in budget["points"]} == {"onnxruntime-fp32", "onnxruntime-int8"}
+    chosen = next(p for p in budget["points"] if p["status"] == "chosen")
+    assert chosen["ms"] <= budget["budget_ms"] and chosen["score"]["accuracy"] >= 0.0
+    assert budget["met_again"], json.dumps(budget, indent=1)
+    assert (tmp_path / "frontier.png").is_file()

@@ -1,0 +1,170 @@
+"""The joint search (:func:`optkit.passes.deploy.search.search`) on a fake deployer: each candidate pruned just
+enough, aims corrected by what was measured, the most accurate chosen, and a budget none reaches refused.
+
+The fake's models are their aims; a candidate's time is its unpruned time times what pruning buys in its
+runtime (``pays``: the fraction of the aim's saving it really gets), and its accuracy falls with the MACs removed,
+so the choice is deterministic and the right answer is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from optkit.core.errors import OptkitError
+from optkit.passes.deploy.candidate import Candidate
+from optkit.passes.deploy.search import AIM_MARGIN, CORRECTIONS, MIN_AIM, SLACK, search
+
+BASELINE_MS = 10.0
+
+
+@dataclass
+class Runtime:
+    unpruned_ms: float
+    accuracy: float
+    pays: float = 1.0  # 1.0: the time falls as the aim says; 0.5: half of that saving shows
+    refused: bool = False
+
+
+class FakeDeployer:
+    """Builds, times and scores the fake runtimes; records what it was asked."""
+
+    def __init__(self, runtimes: dict[str, Runtime], metric: str = "accuracy", load: float = 1.0):
+        self.runtimes, self.metric, self.load = runtimes, metric, load
+        self.timed: list[list[tuple[str, float]]] = []
+        self.scored: list[str] = []
+
+    def build(self, name: str, model) -> Candidate:
+        runtime, precision = name.split("-")
+        candidate = Candidate(name, runtime, precision)
+        candidate.built = 1.0 if model is None else model
+        if self.runtimes[name].refused:
+            candidate.status, candidate.reason = "refused", "agreement 80.0% below 99.0%"
+        return candidate
+
+    def ms(self, candidate: Candidate) -> float:
+        spec, aim = self.runtimes[candidate.name], candidate.built
+        return spec.unpruned_ms * (1 - spec.pays * (1 - aim))
+
+    def time(self, candidates):
+        self.timed.append([(c.name, c.built) for c in candidates])
+        return BASELINE_MS * self.load, [self.ms(c) * self.load for c in candidates]
+
+    def score(self, candidate: Candidate) -> dict[str, float]:
+        self.scored.append(candidate.name)
+        spec, macs = self.runtimes[candidate.name], candidate.built
+        value = spec.accuracy - 0.2 * (1 - macs)
+        return {"perplexity": 10 / value} if self.metric == "perplexity" else {"accuracy": value}
+
+
+def prune(aim: float):
+    """The fake pruner: the model is its aim, and keeps that fraction of the MACs and parameters."""
+    return aim, aim, aim
+
+
+def test_each_candidate_is_pruned_just_enough_and_the_most_accurate_is_chosen():
+    deployer = FakeDeployer({
+        "onnxruntime-fp32": Runtime(10.0, 0.92),        # needs about half its latency cut: loses 0.10
+        "openvino-int8": Runtime(4.0, 0.905),           # meets 5 ms unpruned: INT8 costs it 1.5 points only
+        "openvino-bf16": Runtime(6.0, 0.915),           # needs a 17% cut: loses about 0.035
+    })
+    result = search(list(deployer.runtimes), deployer, prune, budget=0.5, unit="fraction", unpruned_model="full")
+    points = {p.name: p for p in result.points}
+    assert result.budget_ms == pytest.approx(5.0)
+    assert result.chosen.name == "openvino-int8" and result.model == "full"
+    assert points["openvino-int8"].macs_fraction == 1.0 and points["openvino-int8"].status == "chosen"
+    for name in ("onnxruntime-fp32", "openvino-bf16"):
+        point = points[name]
+        assert point.status == "met" and point.ms <= 5.0
+        # just enough: within SLACK of the budget, else it would have been tried with less pruning
+        assert point.ms >= 5.0 * (1 - SLACK - 0.01), point.tries
+        assert "met the budget, but accuracy" in point.reason
+    assert points["onnxruntime-fp32"].macs_fraction == pytest.approx(0.5 * AIM_MARGIN, abs=0.01)
+    assert sorted(deployer.scored) == sorted(points)
+
+
+def test_the_most_accurate_meeting_candidate_wins_even_when_it_is_not_the_fastest():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(6.0, 0.93), "onnxruntime-int8": Runtime(3.0, 0.80)})
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms", unpruned_model="full")
+    assert result.chosen.name == "onnxruntime-fp32"
+    assert result.chosen.ms <= 5.0 < result.chosen.unpruned_ms
+    assert result.model == result.chosen.macs_fraction < 1.0  # the pruned model (the fake's model is its aim)
+    (other,) = [p for p in result.points if p is not result.chosen]
+    assert other.status == "met" and other.ms < result.chosen.ms  # faster, but less accurate
+
+
+def test_a_runtime_where_pruning_pays_less_gets_its_aim_corrected_by_measurement():
+    # Half the predicted saving shows in this runtime: the first try misses, the corrected one meets.
+    deployer = FakeDeployer({"openvino-fp32": Runtime(10.0, 0.92, pays=0.5)})
+    result = search(["openvino-fp32"], deployer, prune, budget=7.0, unit="ms")
+    point = result.chosen
+    assert not point.tries[0].meets and point.tries[0].ms > 7.0
+    assert any(t.meets for t in point.tries) and point.ms <= 7.0
+    assert len(point.tries) <= 1 + CORRECTIONS
+    # Efficiency = speed-up x MACs kept: below 1 where the channels removed do not pay.
+    assert point.efficiency == pytest.approx(point.unpruned_ms / point.ms * point.macs_fraction, rel=1e-3)
+    assert point.efficiency < 0.9
+
+
+def test_a_candidate_that_cannot_meet_the_budget_is_marked_and_the_others_still_chosen():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.95, pays=0.1),   # 10 ms at best 9.1
+                             "onnxruntime-int8": Runtime(5.0, 0.90),
+                             "openvino-bf16": Runtime(3.0, 0.99, refused=True)})
+    result = search(list(deployer.runtimes), deployer, prune, budget=4.0, unit="ms")
+    points = {p.name: p for p in result.points}
+    assert result.chosen.name == "onnxruntime-int8"
+    assert points["onnxruntime-fp32"].status == "missed"
+    assert points["onnxruntime-fp32"].reason.startswith("cannot meet 4.00 ms: fastest ")
+    assert points["onnxruntime-fp32"].score is None  # never scored: it did not meet the budget
+    assert points["openvino-bf16"].status == "refused" and "agreement" in points["openvino-bf16"].reason
+    assert "openvino-bf16" not in [name for run in deployer.timed for name, _ in run]
+
+
+def test_a_budget_no_candidate_reaches_is_refused_naming_the_fastest_latency():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9, pays=0.2), "onnxruntime-int8": Runtime(6.0, 0.9,
+                                                                                                            pays=0.2)})
+    with pytest.raises(OptkitError) as caught:
+        search(list(deployer.runtimes), deployer, prune, budget=1.0, unit="ms")
+    fastest = min(deployer.ms(Candidate("onnxruntime-int8", "onnxruntime", "int8", built=aim))
+                  for run in deployer.timed for name, aim in run if name == "onnxruntime-int8")
+    message = str(caught.value)
+    assert f"the fastest reachable is {fastest:.2f} ms (ONNX Runtime INT8" in message
+    assert "budget of 1.00 ms" in message and "nothing was written" in message
+    assert deployer.scored == []
+
+
+def test_aims_below_the_floor_are_not_tried():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(100.0, 0.9)})
+    with pytest.raises(OptkitError, match="no deployment meets the budget"):
+        search(["onnxruntime-fp32"], deployer, prune, budget=100.0 * MIN_AIM / 2, unit="ms")
+    assert len(deployer.timed) == 1  # the unpruned timing only: nothing below MIN_AIM was pruned
+
+
+def test_times_are_rescaled_by_the_baseline_so_load_between_runs_does_not_move_them():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9)})
+    calm = search(["onnxruntime-fp32"], deployer, prune, budget=6.0, unit="ms").chosen
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9)})
+    runs = iter([1.0, 1.5, 1.5, 1.5])  # the machine gets busier after the first run
+
+    def busier(candidates):
+        deployer.load = next(runs)
+        return FakeDeployer.time(deployer, candidates)
+
+    deployer.time = busier
+    loaded = search(["onnxruntime-fp32"], deployer, prune, budget=6.0, unit="ms").chosen
+    assert loaded.ms == pytest.approx(calm.ms) and loaded.macs_fraction == calm.macs_fraction
+
+
+def test_perplexity_is_lower_better():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(4.0, 0.9), "onnxruntime-w4": Runtime(2.0, 0.8)},
+                            metric="perplexity")
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms")
+    assert result.chosen.name == "onnxruntime-fp32" and result.metric == "perplexity"
+    assert result.section("5 ms")["chosen"] == "onnxruntime-fp32"
+
+
+def test_no_candidate_passing_its_checks_is_refused():
+    deployer = FakeDeployer({"onnxruntime-int8": Runtime(1.0, 0.9, refused=True)})
+    with pytest.raises(OptkitError, match="no deployment passed its checks on the unpruned model"):
+        search(["onnxruntime-int8"], deployer, prune, budget=0.5, unit="fraction")
