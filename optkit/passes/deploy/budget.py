@@ -24,7 +24,7 @@ from optkit.core.contract import PassResult
 from optkit.core.errors import OptkitError
 from optkit.passes.deploy.candidate import Candidate
 from optkit.passes.deploy.search import SCORE_SAMPLES, search
-from optkit.passes.deploy.settings import CANDIDATES
+from optkit.passes.deploy.settings import CANDIDATES, TOKEN_CANDIDATES
 from optkit.passes.prune.targets.budget import budget_unit
 
 if TYPE_CHECKING:
@@ -44,50 +44,83 @@ def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
         prune: the ``structured_prune`` step holding the budget; it prunes the copies at latency fractions.
         model: the model before pruning (not changed).
 
+    A language model's candidates are its own (weight-only INT8/INT4 among them), timed by the decode step and
+    scored by validation perplexity (:class:`optkit.passes.deploy.budget_tokens.TokenDeployer`); a ``tok/s``
+    budget is a time per decode step (``batch`` tokens a step).
+
     Returns:
         the chosen point's model (``model`` itself when it needed no pruning), with details ``budget`` (the
         frontier, see :meth:`optkit.passes.deploy.search.SearchResult.section`) and ``notes``.
 
     Raises:
-        OptkitError: for a language model, or when no candidate passes its checks or meets the budget.
+        OptkitError: for a decode speed (``tok/s``) on an image model, or when no candidate passes its checks or
+            meets the budget.
     """
     from optkit.kinds import kind_of
-    from optkit.model.stats import count_macs, count_params
 
     value, unit = budget_unit(prune.target_latency)
-    if kind_of(model).language_model:
-        raise OptkitError("a latency budget with --deploy is searched for image models so far; for a language model "
-                          "give --target-params and --deploy, which picks the fastest deployment that keeps its "
-                          "perplexity")
-    if unit == "tok/s":
+    language = kind_of(model).language_model
+    if unit == "tok/s" and not language:
         raise OptkitError(f"--target-latency {prune.target_latency} is a language model's decode speed; give an image "
                           "model's budget in milliseconds per call (3ms) or as a fraction of its latency (0.5)")
     shape = tuple(prune.spec().input_shape)
     threads = deploy.threads or os.cpu_count() or 1
-    names = [name for name in deploy.candidates or CANDIDATES if name in CANDIDATES]
-    macs, params = count_macs(model, shape), count_params(model)
-
-    def pruner(aim: float) -> tuple[Any, float, float]:
-        engine = dataclasses.replace(prune, target_latency=aim, deployment=None, latency_threads=threads,
-                                     latency_batch=deploy.batch)
-        pruned = engine.apply(model).model
-        return pruned, count_macs(pruned, shape) / macs, count_params(pruned) / params
-
+    known = TOKEN_CANDIDATES if language else CANDIDATES
+    names = [name for name in deploy.candidates or known if name in known]
     scratch = Path(tempfile.mkdtemp(prefix="optkit-budget-"))
     try:
-        deployer = ImageDeployer(deploy, model, shape, threads, scratch)
-        result = search(names, deployer, pruner, budget=value, unit=unit, unpruned_model=model)
+        if language:
+            from optkit.passes.deploy.budget_tokens import TokenDeployer
+
+            deployer = TokenDeployer(deploy, model, shape, threads, scratch)
+        else:
+            deployer = ImageDeployer(deploy, model, shape, threads, scratch)
+        # A decode speed is a time per decode step: batch tokens a step.
+        budget, measure = (deploy.batch * 1000.0 / value, "ms") if unit == "tok/s" else (value, unit)
+        result = search(names, deployer, _pruner(prune, deploy, model, shape, threads, language), budget=budget,
+                        unit=measure, unpruned_model=model, tokens_per_step=deploy.batch if language else None)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    asked = (f"{value:g} of the unpruned ONNX Runtime FP32 latency ({result.budget_ms:.2f} ms)" if unit == "fraction"
-             else f"{value:g} ms")
-    section = result.section(f"{asked} per call at batch {deploy.batch}, {threads} thread(s)")
+    per = "per decode step" if language else "per call"
+    asked = {"fraction": f"{value:g} of the unpruned ONNX Runtime FP32 latency ({result.budget_ms:.2f} ms {per})",
+             "ms": f"{value:g} ms {per}",
+             "tok/s": f"{value:g} decode tokens/s ({result.budget_ms:.2f} ms per decode step)"}[unit]
+    section = {**result.section(f"{asked} at batch {deploy.batch}, {threads} thread(s)"), "per": per}
     deploy.plan.update(deployment=result.chosen.name, budget=section)
     chosen = result.chosen
     note = (f"structured_prune: latency budget {asked}: {chosen.label} at {chosen.macs_fraction:.2f} of the MACs "
             f"measured {chosen.ms:.2f} ms, {result.metric} {_score(chosen, result.metric)} on {deploy.calib_data} "
-            f"(val), the most accurate of {sum(p.score is not None for p in result.points)} deployment(s) that met it")
+            f"(val), the best of {sum(p.score is not None for p in result.points)} deployment(s) that met it")
     return PassResult(result.model, {"budget": section, "notes": [note]})
+
+
+def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], threads: int, language: bool):
+    """Copies of ``model`` pruned to an aim: an image model by the latency-target engine (the aim a fraction of its
+    ONNX Runtime FP32 latency at the deployment's threads and batch); a language model to that fraction of its
+    parameters (a decode step's time follows the weights it reads), with the run's text for the transformer
+    engine. Each returns the copy with its MACs and parameter fractions, or raises ``OptkitError`` for an aim the
+    engine cannot reach."""
+    import copy
+
+    from optkit.model.stats import count_macs, count_params
+
+    macs, params = count_macs(model, shape), count_params(model)
+
+    def pruner(aim: float) -> tuple[Any, float, float]:
+        if language:
+            engine = dataclasses.replace(prune, target_latency=None, target_params=aim, deployment=None,
+                                         data=prune.data or deploy.calib_data,
+                                         round_to=8 if prune.round_to == "auto" else prune.round_to)
+        else:
+            engine = dataclasses.replace(prune, target_latency=aim, deployment=None, latency_threads=threads,
+                                         latency_batch=deploy.batch)
+        try:
+            pruned = engine.apply(copy.deepcopy(model)).model
+        except ValueError as e:  # a target the engine cannot reach (a transformer's mix search says so)
+            raise OptkitError(str(e)) from e
+        return pruned, count_macs(pruned, shape) / macs, count_params(pruned) / params
+
+    return pruner
 
 
 def _score(point: Any, metric: str) -> str:
@@ -201,7 +234,7 @@ def plot_frontier(budget: dict[str, Any], path: str | os.PathLike) -> bool:
         axes.annotate(f"{p['name']} (MACs {p['macs_fraction']:.2f})", (p["ms"], value), textcoords="offset points",
                       xytext=(5, 5), fontsize=8)
     axes.axvline(budget["budget_ms"], color="tab:red", linestyle="--", label=f"budget {budget['budget_ms']:.2f} ms")
-    axes.set_xlabel("measured latency (ms per call)")
+    axes.set_xlabel(f"measured latency (ms {budget.get('per', 'per call')})")
     axes.set_ylabel("accuracy (%)" if metric == "accuracy" else metric)
     axes.set_title("Deployments that meet the budget, each pruned just enough", fontsize=9)
     axes.legend(fontsize=8)

@@ -131,7 +131,7 @@ def choose_deployment(fp32_path: str | os.PathLike, settings: DeploySettings, *,
     try:
         if language:
             builder = token_deploy.TokenCandidates(source, scratch, settings, tuple(input_shape), model)
-            candidates = [_build_token(name, builder) for name in settings.candidates or TOKEN_CANDIDATES]
+            candidates = [build_token_candidate(name, builder) for name in settings.candidates or TOKEN_CANDIDATES]
         else:
             candidates = [build_candidate(name, source, scratch, settings, tuple(input_shape), threads)
                           for name in settings.candidates or CANDIDATES]
@@ -198,7 +198,7 @@ def _language_model(model: Any) -> bool:
     return kind_of(model).language_model
 
 
-def _build_token(name: str, builder: token_deploy.TokenCandidates) -> Candidate:
+def build_token_candidate(name: str, builder: token_deploy.TokenCandidates) -> Candidate:
     """One candidate of a language model, built and checked by ``builder``; a failed check or a missing runtime
     becomes its reason."""
     runtime, precision = name.split("-")

@@ -31,11 +31,13 @@ score) and a pruner; tests give their own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from optkit.core.errors import OptkitError
+from optkit.core.progress import progress
 from optkit.passes.deploy.candidate import Candidate
 
 #: Rounds after the first in which a candidate's aim is corrected by its measured latency.
@@ -47,6 +49,14 @@ AIM_MARGIN = 0.97
 #: Aims (latency fractions of a candidate's unpruned latency) outside these bounds are not tried: below, the
 #: model would lose most of its channels; above, the engine has nothing to remove.
 MIN_AIM, MAX_AIM = 0.1, 0.98
+#: Aims are rounded down to multiples of this, so candidates of about the same speed share a pruned model (the
+#: latency-target engine's search is the costly part).
+AIM_STEP = 0.02
+#: An FP32 deployment this much slower unpruned than another runtime's FP32 is not searched (see
+#: :func:`_same_math_faster`).
+DOMINATED = 0.10
+#: The progress lines' stage.
+STAGE = "latency budget"
 #: Validation images each candidate on the frontier is scored on.
 SCORE_SAMPLES = 1000
 
@@ -61,7 +71,7 @@ class Try:
         ms: its measured latency (rescaled to the first timing run, see the module docstring), or ``None`` when
             it failed its check.
         meets: whether ``ms`` is within the budget.
-        reason: why it was not timed (a failed check).
+        reason: why it was not timed (the pruner could not reach the aim, or the candidate failed its check).
     """
 
     aim: float
@@ -79,7 +89,8 @@ class Point:
     Attributes:
         name, label: the candidate (``openvino-int8``, ``OpenVINO INT8``).
         status: ``chosen``; ``met`` (met the budget, less accurate than the chosen one); ``missed`` (no try met
-            it); ``refused`` or ``unavailable`` (failed its check on the unpruned model, or cannot run here).
+            it); ``dominated`` (FP32 in a runtime clearly slower than another's FP32: not searched); ``refused`` or
+            ``unavailable`` (failed its check on the unpruned model, or cannot run here).
         unpruned_ms: its latency on the unpruned model.
         tries: every pruned model tried in it, in order.
         macs_fraction, params_fraction, ms: its point: the least pruned try that met the budget (or, when
@@ -155,7 +166,7 @@ class SearchResult:
 
 
 def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: float, unit: str,
-           unpruned_model: Any = None) -> SearchResult:
+           unpruned_model: Any = None, tokens_per_step: int | None = None) -> SearchResult:
     """The most accurate deployment among ``names`` that meets the budget, each pruned just enough.
 
     Args:
@@ -166,6 +177,8 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
             time (``fraction``).
         unit: ``ms`` or ``fraction``.
         unpruned_model: what the result's ``model`` is when the chosen point needs no pruning.
+        tokens_per_step: for a language model timed by its decode step, the tokens a step makes (the batch), so
+            the refusal of a budget no candidate reaches names the fastest reachable tokens/s.
 
     Returns:
         the :class:`SearchResult`.
@@ -175,7 +188,11 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
             reached).
     """
     points = {name: Point(name, name, "refused") for name in names}
-    built = {name: deployer.build(name, None) for name in names}
+    built = {}
+    shown = progress(STAGE, "candidates built and checked on the unpruned model", len(names))
+    for name in names:
+        built[name] = deployer.build(name, None)
+        shown.step(detail=f"{name}: {built[name].status}")
     ready = []
     for name, candidate in built.items():
         points[name].label = candidate.label
@@ -192,25 +209,40 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
     kept: dict[str, Candidate] = {}
     aims: dict[str, float] = {}
     target = budget_ms * AIM_MARGIN
-    for name, ms in zip(ready, times):
+    unpruned = dict(zip(ready, times))
+    for name, ms in unpruned.items():
         point = points[name]
         point.status, point.unpruned_ms = "missed", ms
         point.tries.append(Try(1.0, 1.0, 1.0, ms, ms <= budget_ms))
+        faster = _same_math_faster(built[name], unpruned, built)
         if ms <= budget_ms:
             models[name], kept[name] = unpruned_model, built[name]
-        elif (aim := _next_aim(point.tries, target)) >= MIN_AIM:
+        elif faster is not None:
+            point.status = "dominated"
+            point.reason = (f"computes as {faster} does, which is {DOMINATED:.0%} or more faster unpruned "
+                            f"({unpruned[faster]:.2f} ms against {ms:.2f}): it would need more pruning for the same "
+                            "budget, so it was not searched")
+        elif (aim := _on_grid(_next_aim(point.tries, target))) >= MIN_AIM:
             aims[name] = aim
     cache: dict[float, tuple[Any, float, float]] = {}
-    for _ in range(1 + CORRECTIONS):
+    for round_ in range(1 + CORRECTIONS):
         trying = []
+        shown = progress(STAGE, f"tries of round {round_ + 1} pruned and built", len(aims))
         for name, aim in aims.items():
-            key = round(min(aim, MAX_AIM), 3)
-            if key not in cache:
-                cache[key] = prune(key)
-            pruned, macs, params = cache[key]
+            if aim not in cache:
+                try:
+                    cache[aim] = prune(aim)
+                except OptkitError as e:  # the pruner cannot reach this aim: the candidate stops here
+                    cache[aim] = e
+            if isinstance(cache[aim], OptkitError):
+                points[name].tries.append(Try(aim, 1.0, 1.0, reason=f"pruning to {aim:.2f} failed: {cache[aim]}"))
+                shown.step(detail=f"{name} at {aim:.2f} of its latency: pruning failed")
+                continue
+            pruned, macs, params = cache[aim]
             candidate = deployer.build(name, pruned)
-            attempt = Try(key, macs, params)
+            attempt = Try(aim, macs, params)
             points[name].tries.append(attempt)
+            shown.step(detail=f"{name} at {aim:.2f} of its latency: MACs {macs:.3f}, {candidate.status}")
             if candidate.status != "verified":
                 attempt.reason = candidate.reason
                 continue
@@ -226,12 +258,14 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
                 models[name], kept[name] = pruned, candidate
             if attempt.meets and attempt.ms >= budget_ms * (1 - SLACK):
                 continue
-            aim = min(_next_aim(points[name].tries, target), MAX_AIM)
-            if aim >= MIN_AIM and all(abs(aim - t.aim) > 0.005 for t in points[name].tries):
+            aim = _on_grid(_next_aim(points[name].tries, target))
+            if aim >= MIN_AIM and all(aim != t.aim for t in points[name].tries):
                 aims[name] = aim
     meeting = []
     for name in ready:
         point = points[name]
+        if point.status == "dominated":
+            continue
         best = _best(point) or min((t for t in point.tries if t.ms is not None), key=lambda t: t.ms)
         point.macs_fraction, point.params_fraction, point.ms = best.macs_fraction, best.params_fraction, best.ms
         point.speedup = round(point.unpruned_ms / best.ms, 4)
@@ -243,9 +277,11 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
             point.reason = (f"cannot meet {budget_ms:.2f} ms: fastest {best.ms:.2f} ms at {best.macs_fraction:.2f} of "
                             "the MACs")
     if not meeting:
-        raise OptkitError(_unreachable(points.values(), budget_ms))
+        raise OptkitError(_unreachable(points.values(), budget_ms, tokens_per_step))
+    shown = progress(STAGE, "deployments that met the budget scored", len(meeting))
     for point in meeting:
         point.score = deployer.score(kept[point.name])
+        shown.step(detail=f"{point.name}: {deployer.metric} {_figure(point, deployer.metric)}")
     sign = -1 if deployer.metric == "perplexity" else 1
     chosen = max(meeting, key=lambda p: (sign * p.score[deployer.metric], -p.ms))
     chosen.status = "chosen"
@@ -254,6 +290,23 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
             point.reason = (f"met the budget, but {deployer.metric} {_figure(point, deployer.metric)} against "
                             f"{_figure(chosen, deployer.metric)}")
     return SearchResult(chosen, models[chosen.name], list(points.values()), budget_ms, baseline, deployer.metric)
+
+
+def _same_math_faster(candidate: Candidate, unpruned: dict[str, float], built: dict[str, Candidate]) -> str | None:
+    """The candidate that computes what ``candidate`` computes (FP32 in another runtime) and is at least
+    :data:`DOMINATED` faster unpruned, if any: it meets any budget with less pruning, so ``candidate`` cannot
+    be the more accurate."""
+    if candidate.precision != "fp32":
+        return None
+    mine = unpruned[candidate.name]
+    return next((name for name, ms in unpruned.items() if name != candidate.name and built[name].precision == "fp32"
+                 and ms * (1 + DOMINATED) <= mine), None)
+
+
+def _on_grid(aim: float) -> float:
+    """``aim`` rounded down to a multiple of :data:`AIM_STEP` (at most :data:`MAX_AIM`): candidates whose aims
+    round alike share one pruned model."""
+    return round(min(MAX_AIM, math.floor(aim / AIM_STEP + 1e-9) * AIM_STEP), 4)
 
 
 def _next_aim(tries: Sequence[Try], target: float) -> float:
@@ -283,9 +336,13 @@ def _figure(point: Point, metric: str) -> str:
     return f"{value:.2%}" if metric == "accuracy" else f"{value:.3f}"
 
 
-def _unreachable(points: Sequence[Point] | Any, budget_ms: float) -> str:
+def _unreachable(points: Sequence[Point] | Any, budget_ms: float, tokens_per_step: int | None) -> str:
     timed = [(t.ms, p, t) for p in points for t in p.tries if t.ms is not None]
     ms, point, attempt = min(timed, key=lambda item: item[0])
+    where = f"({point.label} at {attempt.macs_fraction:.2f} of the MACs)"
+    if tokens_per_step is not None:
+        rate, asked = tokens_per_step * 1000.0 / ms, tokens_per_step * 1000.0 / budget_ms
+        return (f"no deployment meets the budget of {asked:.1f} decode tokens/s: the fastest reachable is {rate:.1f} "
+                f"tokens/s {where}; give --target-latency {rate / 1.05:.1f}tok/s or less; nothing was written")
     return (f"no deployment meets the budget of {budget_ms:.2f} ms per call: the fastest reachable is {ms:.2f} ms "
-            f"({point.label} at {attempt.macs_fraction:.2f} of the MACs); give --target-latency {ms * 1.05:.2f}ms or "
-            "more; nothing was written")
+            f"{where}; give --target-latency {ms * 1.05:.2f}ms or more; nothing was written")

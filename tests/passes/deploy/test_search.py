@@ -168,3 +168,47 @@ def test_no_candidate_passing_its_checks_is_refused():
     deployer = FakeDeployer({"onnxruntime-int8": Runtime(1.0, 0.9, refused=True)})
     with pytest.raises(OptkitError, match="no deployment passed its checks on the unpruned model"):
         search(["onnxruntime-int8"], deployer, prune, budget=0.5, unit="fraction")
+
+
+def test_candidates_whose_aims_round_alike_share_one_pruned_model():
+    calls = []
+
+    def counting(aim):
+        calls.append(aim)
+        return prune(aim)
+
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.92), "openvino-fp32": Runtime(10.1, 0.92)})
+    result = search(list(deployer.runtimes), deployer, counting, budget=5.0, unit="ms")
+    assert calls == [0.48]  # 5 / 10 x 0.97 and 5 / 10.1 x 0.97, both rounded down to the 0.02 grid
+    assert all(p.macs_fraction == 0.48 for p in result.points)
+
+
+def test_an_aim_the_pruner_cannot_reach_ends_that_candidates_search_with_the_reason():
+    def failing(aim):
+        raise OptkitError(f"no mix of heads and MLP channels reaches params {aim:.2f}")
+
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9), "onnxruntime-int8": Runtime(4.0, 0.85)})
+    result = search(list(deployer.runtimes), deployer, failing, budget=5.0, unit="ms", tokens_per_step=None)
+    fp32 = next(p for p in result.points if p.name == "onnxruntime-fp32")
+    assert result.chosen.name == "onnxruntime-int8" and fp32.status == "missed"
+    assert fp32.tries[-1].reason == "pruning to 0.48 failed: no mix of heads and MLP channels reaches params 0.48"
+    with pytest.raises(OptkitError, match=r"budget of 250.0 decode tokens/s: the fastest reachable is 100.0 tokens/s"):
+        search(["onnxruntime-fp32"], FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9)}), failing, budget=4.0,
+               unit="ms", tokens_per_step=1)
+
+
+def test_fp32_in_a_clearly_slower_runtime_is_not_searched():
+    calls = []
+
+    def counting(aim):
+        calls.append(aim)
+        return prune(aim)
+
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.92), "openvino-fp32": Runtime(20.0, 0.92),
+                             "openvino-int8": Runtime(12.0, 0.91)})
+    result = search(list(deployer.runtimes), deployer, counting, budget=5.0, unit="ms")
+    points = {p.name: p for p in result.points}
+    assert points["openvino-fp32"].status == "dominated" and points["openvino-fp32"].tries[0].aim == 1.0
+    assert "computes as onnxruntime-fp32 does" in points["openvino-fp32"].reason
+    assert points["openvino-int8"].status == "met"  # INT8 computes otherwise: searched
+    assert calls == [0.48, 0.4]  # FP32's aim and INT8's; none for OpenVINO FP32
