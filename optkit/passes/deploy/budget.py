@@ -90,7 +90,9 @@ def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
     chosen = result.chosen
     note = (f"structured_prune: latency budget {asked}: {chosen.label} at {chosen.macs_fraction:.2f} of the MACs "
             f"measured {chosen.ms:.2f} ms, {result.metric} {_score(chosen, result.metric)} on {deploy.calib_data} "
-            f"(val), the best of {sum(p.score is not None for p in result.points)} deployment(s) that met it")
+            f"(val), the best of {sum(p.score is not None for p in result.points)} deployment(s) that met it; "
+            f"pruning efficiency {chosen.efficiency:.2f} (measured speed-up {chosen.speedup:.2f}x in {chosen.label} "
+            f"x MACs kept {chosen.macs_fraction:.2f})")
     return PassResult(result.model, {"budget": section, "notes": [note]})
 
 

@@ -39,6 +39,9 @@ def test_a_budget_met_unpruned_keeps_the_most_accurate_deployment_and_reports_th
     assert chosen["score"]["accuracy"] > 0.85  # the demo model on Fashion-MNIST's val split
     assert budget["remeasured_ms"] == 2.5 if chosen["name"] == "onnxruntime-fp32" else 2.0
     assert budget["met_again"] is True
+    (note,) = [n for n in report["notes"] if n.startswith("structured_prune: latency budget 3 ms per call")]
+    assert note.endswith("pruning efficiency 1.00 (measured speed-up 1.00x in "
+                         f"{report['deploy']['label']} x MACs kept 1.00)")
     written = {p.name for p in out.iterdir()}
     assert "frontier.png" in written and (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     assert ({"model.xml", "model.bin"} <= written) == (chosen["name"] == "openvino-fp32")
