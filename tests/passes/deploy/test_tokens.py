@@ -1,5 +1,6 @@
 """A language model's deployment candidates: each built with its decode graph, checked by validation perplexity
-against its precision's limit, timed as prefill and decode tokens/s, and the fastest that passed written alone.
+against its precision's limit, timed as prefill and decode tokens/s, and the fastest that passed written alone;
+with a decode budget (``--target-latency Ntok/s``), the lowest-perplexity one that meets it.
 
 The model is a tiny Llama trained on patterned text (tests/support/trained_lm.py). Timings are set, never measured:
 what is checked is what was built, how it was verified, which one was chosen and what was written.
@@ -248,3 +249,50 @@ def test_the_shipped_language_model_pruned_and_deployed_among_every_candidate(tm
     assert {(out / name).is_file() for name in deploy["files"]} == {True}
     table = (out / "report.md").read_text().split("## Deployment", 1)[1]
     assert all(f"| {name} |" in table for name in TOKEN_CANDIDATES)
+
+
+def _set_times(monkeypatch) -> None:
+    """Set prefill times (10 ms the baseline, 9 ms the rest) and decode times (:data:`DECODE_MS`)."""
+    monkeypatch.setattr("optkit.analysis.latency.interleaved_latency",
+                        lambda deployments, shape, **kwargs: _timer([])(deployments))
+    monkeypatch.setattr("optkit.passes.deploy.tokens.decode_timer", _decode_timer([]))
+
+
+def _optimize_budget(folder: Path, corpus: Path, out: Path, budget: str, candidates: str):
+    return CliRunner().invoke(main, ["optimize", str(folder), "--seq-len", str(LENGTH), "--target-latency", budget,
+                                     "--export", "onnx", "--deploy", "--deploy-candidates", candidates,
+                                     "--calib-data", f"text:{corpus}", "--no-latency", "--out", str(out)])
+
+
+def test_a_decode_budget_keeps_the_lowest_perplexity_deployment_that_meets_it(lm, tmp_path, monkeypatch):
+    # 700 tokens/s is 1.43 ms a step: weight-only INT8 (1.3 ms) and INT4 (1.0 ms) meet it unpruned.
+    _set_times(monkeypatch)
+    folder, corpus = lm
+    out = tmp_path / "run"
+    result = _optimize_budget(folder, corpus, out, "700tok/s", "onnxruntime-w8,onnxruntime-w4")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    budget = report["deploy"]["budget"]
+    assert budget["metric"] == "perplexity" and budget["per"] == "per decode step"
+    assert budget["budget_ms"] == pytest.approx(1000 / 700, abs=1e-3)
+    assert budget["asked"].startswith("700 decode tokens/s (1.43 ms per decode step)")
+    points = {p["name"]: p for p in budget["points"]}
+    assert {p["macs_fraction"] for p in points.values()} == {1.0}
+    chosen = points[budget["chosen"]]
+    other = next(p for p in points.values() if p is not chosen)
+    assert chosen["score"]["perplexity"] <= other["score"]["perplexity"]
+    assert report["deploy"]["precision"] == chosen["name"].split("-")[1]
+    assert budget["remeasured_ms"] == DECODE_MS[("onnxruntime", chosen["name"].split("-")[1])] and budget["met_again"]
+    assert "### Latency budget" in (out / "report.md").read_text()
+
+
+def test_a_decode_budget_no_deployment_reaches_names_the_fastest_tokens_per_second(lm, tmp_path, monkeypatch):
+    _set_times(monkeypatch)
+    folder, corpus = lm
+    # 5000 tokens/s is 0.2 ms a step, a fifth of INT4's 1.0 ms: no prune of the tiny model gets there (and the set
+    # times do not fall with pruning), so the fastest reachable is INT4 unpruned.
+    result = _optimize_budget(folder, corpus, tmp_path / "o", "5000tok/s", "onnxruntime-w4")
+    assert result.exit_code == 1
+    (line,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert "no deployment meets the budget of 5000.0 decode tokens/s: the fastest reachable is 1000.0 tokens/s" in line
+    assert not (tmp_path / "o").exists()
