@@ -224,6 +224,9 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
                             "budget, so it was not searched")
         elif (aim := _on_grid(_next_aim(point.tries, target))) >= MIN_AIM:
             aims[name] = aim
+        else:
+            point.reason = (f"cannot meet {budget_ms:.2f} ms: it would need {budget_ms / ms:.2f} of its unpruned "
+                            f"{ms:.2f} ms, below the {MIN_AIM:g} floor, so it was not pruned")
     cache: dict[float, tuple[Any, float, float]] = {}
     for round_ in range(1 + CORRECTIONS):
         trying = []
@@ -273,7 +276,7 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
         if best.meets:
             point.status = "met"
             meeting.append(point)
-        else:
+        elif point.reason is None:
             point.reason = (f"cannot meet {budget_ms:.2f} ms: fastest {best.ms:.2f} ms at {best.macs_fraction:.2f} of "
                             "the MACs")
     if not meeting:

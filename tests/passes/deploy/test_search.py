@@ -139,6 +139,12 @@ def test_aims_below_the_floor_are_not_tried():
     with pytest.raises(OptkitError, match="no deployment meets the budget"):
         search(["onnxruntime-fp32"], deployer, prune, budget=100.0 * MIN_AIM / 2, unit="ms")
     assert len(deployer.timed) == 1  # the unpruned timing only: nothing below MIN_AIM was pruned
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(100.0, 0.9), "onnxruntime-int8": Runtime(4.0, 0.8)})
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms")
+    fp32 = next(p for p in result.points if p.name == "onnxruntime-fp32")
+    assert fp32.status == "missed" and len(fp32.tries) == 1
+    assert fp32.reason == "cannot meet 5.00 ms: it would need 0.05 of its unpruned 100.00 ms, below the 0.1 floor, so " \
+                          "it was not pruned"
 
 
 def test_times_are_rescaled_by_the_baseline_so_load_between_runs_does_not_move_them():
