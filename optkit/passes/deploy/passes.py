@@ -107,6 +107,10 @@ class Deploy(DeploySettings, Pass):
     language model's candidates add weight-only INT8/INT4 (ONNX Runtime's MatMulNBits, NNCF's weight
     compression), each deployed with its decode graph (``NAME.decode.*``), checked by validation perplexity
     against its precision's limit and compared by the time of a decode step.
+
+    With a latency budget in the run (``structured_prune``'s ``target_latency``, which prunes each candidate
+    just enough through :meth:`meet_budget` and plans the most accurate), only the planned deployment is built,
+    checked and timed again, and the details add the ``budget`` frontier and ``frontier.png`` beside the file.
     """
 
     name = "deploy"
