@@ -235,7 +235,7 @@ def plot_frontier(budget: dict[str, Any], path: str | os.PathLike) -> bool:
                      color="tab:red" if chosen else "tab:blue", zorder=3)
         axes.annotate(f"{p['name']} (MACs {p['macs_fraction']:.2f})", (p["ms"], value), textcoords="offset points",
                       xytext=(5, 5), fontsize=8)
-    axes.axvline(budget["budget_ms"], color="tab:red", linestyle="--", label=f"budget {budget['budget_ms']:.2f} ms")
+    axes.axvline(budget["budget_ms"], color="tab:red", linestyle="--", label=f"budget {budget['budget_ms']:.3g} ms")
     axes.set_xlabel(f"measured latency (ms {budget.get('per', 'per call')})")
     axes.set_ylabel("accuracy (%)" if metric == "accuracy" else metric)
     axes.set_title("Deployments that meet the budget, each pruned just enough", fontsize=9)

@@ -40,6 +40,8 @@ from optkit.core.errors import OptkitError
 from optkit.core.progress import progress
 from optkit.passes.deploy.candidate import Candidate
 
+#: A try measured at most this much over the budget meets it (two timings of one model differ by about as much).
+MEET_TOLERANCE = 0.02
 #: Rounds after the first in which a candidate's aim is corrected by its measured latency.
 CORRECTIONS = 2
 #: A try that meets the budget with more than this fraction to spare is tried again with less pruning.
@@ -70,7 +72,7 @@ class Try:
         macs_fraction, params_fraction: the pruned model's MACs and parameters over the unpruned model's.
         ms: its measured latency (rescaled to the first timing run, see the module docstring), or ``None`` when
             it failed its check.
-        meets: whether ``ms`` is within the budget.
+        meets: whether ``ms`` is within the budget (and :data:`MEET_TOLERANCE`).
         reason: why it was not timed (the pruner could not reach the aim, or the candidate failed its check).
     """
 
@@ -213,9 +215,10 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
     for name, ms in unpruned.items():
         point = points[name]
         point.status, point.unpruned_ms = "missed", ms
-        point.tries.append(Try(1.0, 1.0, 1.0, ms, ms <= budget_ms))
+        meets = ms <= budget_ms * (1 + MEET_TOLERANCE)
+        point.tries.append(Try(1.0, 1.0, 1.0, ms, meets))
         faster = _same_math_faster(built[name], unpruned, built)
-        if ms <= budget_ms:
+        if meets:
             models[name], kept[name] = unpruned_model, built[name]
         elif faster is not None:
             point.status = "dominated"
@@ -256,7 +259,7 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
         now, measured = deployer.time([candidate for _, candidate, _, _ in trying])
         for (name, candidate, attempt, pruned), ms in zip(trying, measured):
             attempt.ms = ms * baseline / now
-            attempt.meets = attempt.ms <= budget_ms
+            attempt.meets = attempt.ms <= budget_ms * (1 + MEET_TOLERANCE)
             if attempt.meets and _best(points[name]) is attempt:
                 models[name], kept[name] = pruned, candidate
             if attempt.meets and attempt.ms >= budget_ms * (1 - SLACK):

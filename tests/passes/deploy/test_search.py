@@ -14,7 +14,7 @@ import pytest
 
 from optkit.core.errors import OptkitError
 from optkit.passes.deploy.candidate import Candidate
-from optkit.passes.deploy.search import AIM_MARGIN, CORRECTIONS, MIN_AIM, SLACK, search
+from optkit.passes.deploy.search import AIM_MARGIN, CORRECTIONS, MEET_TOLERANCE, MIN_AIM, SLACK, search
 
 BASELINE_MS = 10.0
 
@@ -218,3 +218,13 @@ def test_fp32_in_a_clearly_slower_runtime_is_not_searched():
     assert "computes as onnxruntime-fp32 does" in points["openvino-fp32"].reason
     assert points["openvino-int8"].status == "met"  # INT8 computes otherwise: searched
     assert calls == [0.48, 0.4]  # FP32's aim and INT8's; none for OpenVINO FP32
+
+
+def test_a_time_within_the_timing_tolerance_of_the_budget_meets_it():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(5.0 * (1 + MEET_TOLERANCE) - 1e-6, 0.9),
+                             "onnxruntime-int8": Runtime(5.0 * (1 + MEET_TOLERANCE) + 0.01, 0.95)})
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms")
+    points = {p.name: p for p in result.points}
+    assert points["onnxruntime-fp32"].tries == [points["onnxruntime-fp32"].tries[0]]  # met unpruned: no pruning
+    assert points["onnxruntime-fp32"].macs_fraction == 1.0
+    assert points["onnxruntime-int8"].macs_fraction < 1.0  # just over the tolerance: pruned
