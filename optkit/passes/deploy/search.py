@@ -189,113 +189,160 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
         OptkitError: when no candidate passes its checks, or none meets the budget (naming the fastest latency
             reached).
     """
-    points = {name: Point(name, name, "refused") for name in names}
-    built = {}
-    shown = progress(STAGE, "candidates built and checked on the unpruned model", len(names))
-    for name in names:
-        built[name] = deployer.build(name, None)
-        shown.step(detail=f"{name}: {built[name].status}")
-    ready = []
-    for name, candidate in built.items():
-        points[name].label = candidate.label
-        if candidate.status != "verified":
-            points[name].status, points[name].reason = candidate.status, candidate.reason
-        else:
-            ready.append(name)
-    if not ready:
-        reasons = "; ".join(f"{p.name}: {p.reason}" for p in points.values())
-        raise OptkitError(f"no deployment passed its checks on the unpruned model ({reasons}); nothing was written")
-    baseline, times = deployer.time([built[name] for name in ready])
-    budget_ms = budget * baseline if unit == "fraction" else budget
-    models: dict[str, Any] = {}
-    kept: dict[str, Candidate] = {}
-    aims: dict[str, float] = {}
-    target = budget_ms * AIM_MARGIN
-    unpruned = dict(zip(ready, times))
-    for name, ms in unpruned.items():
-        point = points[name]
-        point.status, point.unpruned_ms = "missed", ms
-        meets = ms <= budget_ms * (1 + MEET_TOLERANCE)
-        point.tries.append(Try(1.0, 1.0, 1.0, ms, meets))
-        faster = _same_math_faster(built[name], unpruned, built)
-        if meets:
-            models[name], kept[name] = unpruned_model, built[name]
-        elif faster is not None:
-            point.status = "dominated"
-            point.reason = (f"computes as {faster} does, which is {DOMINATED:.0%} or more faster unpruned "
-                            f"({unpruned[faster]:.2f} ms against {ms:.2f}): it would need more pruning for the same "
-                            "budget, so it was not searched")
-        elif (aim := _on_grid(_next_aim(point.tries, target))) >= MIN_AIM:
-            aims[name] = aim
-        else:
-            point.reason = (f"cannot meet {budget_ms:.2f} ms: it would need {budget_ms / ms:.2f} of its unpruned "
-                            f"{ms:.2f} ms, below the {MIN_AIM:g} floor, so it was not pruned")
-    cache: dict[float, tuple[Any, float, float]] = {}
+    run = _Search(deployer, prune, unpruned_model)
+    ready = run.build_unpruned(names)
+    baseline, times = deployer.time([run.built[name] for name in ready])
+    run.baseline = baseline
+    run.budget_ms = budget * baseline if unit == "fraction" else budget
+    aims = run.first_aims(dict(zip(ready, times)))
     for round_ in range(1 + CORRECTIONS):
+        if not aims:
+            break
+        aims = run.round(round_ + 1, aims)
+    meeting = run.settle(ready)
+    if not meeting:
+        raise OptkitError(_unreachable(run.points.values(), run.budget_ms, tokens_per_step))
+    chosen = run.choose(meeting)
+    return SearchResult(chosen, run.models[chosen.name], list(run.points.values()), run.budget_ms, baseline,
+                        deployer.metric)
+
+
+class _Search:
+    """One search's state: every candidate's point, the builds and models of the tries that met the budget, and
+    the pruned models by aim (shared between candidates)."""
+
+    def __init__(self, deployer: Deployer, prune: Pruner, unpruned_model: Any):
+        self.deployer, self.prune, self.unpruned_model = deployer, prune, unpruned_model
+        self.points: dict[str, Point] = {}
+        self.built: dict[str, Candidate] = {}
+        self.models: dict[str, Any] = {}
+        self.kept: dict[str, Candidate] = {}
+        self.cache: dict[float, Any] = {}
+        self.baseline = self.budget_ms = 0.0
+
+    @property
+    def target(self) -> float:
+        return self.budget_ms * AIM_MARGIN
+
+    def meets(self, ms: float) -> bool:
+        return ms <= self.budget_ms * (1 + MEET_TOLERANCE)
+
+    def build_unpruned(self, names: Sequence[str]) -> list[str]:
+        """Build and check every candidate on the unpruned model; the names of those that passed.
+
+        Raises:
+            OptkitError: when none passed.
+        """
+        shown = progress(STAGE, "candidates built and checked on the unpruned model", len(names))
+        for name in names:
+            candidate = self.built[name] = self.deployer.build(name, None)
+            self.points[name] = Point(name, candidate.label, candidate.status, reason=candidate.reason)
+            shown.step(detail=f"{name}: {candidate.status}")
+        ready = [name for name in names if self.built[name].status == "verified"]
+        if not ready:
+            reasons = "; ".join(f"{p.name}: {p.reason}" for p in self.points.values())
+            raise OptkitError(f"no deployment passed its checks on the unpruned model ({reasons}); nothing was "
+                              "written")
+        return ready
+
+    def first_aims(self, unpruned: dict[str, float]) -> dict[str, float]:
+        """Record each candidate's unpruned time (the try at aim 1.0); the aims of those that must be pruned."""
+        aims = {}
+        for name, ms in unpruned.items():
+            point = self.points[name]
+            point.status, point.unpruned_ms, point.reason = "missed", ms, None
+            point.tries.append(Try(1.0, 1.0, 1.0, ms, self.meets(ms)))
+            faster = _same_math_faster(self.built[name], unpruned, self.built)
+            if self.meets(ms):
+                self.models[name], self.kept[name] = self.unpruned_model, self.built[name]
+            elif faster is not None:
+                point.status = "dominated"
+                point.reason = (f"computes as {faster} does, which is {DOMINATED:.0%} or more faster unpruned "
+                                f"({unpruned[faster]:.2f} ms against {ms:.2f}): it would need more pruning for the "
+                                "same budget, so it was not searched")
+            elif (aim := _on_grid(_next_aim(point.tries, self.target))) >= MIN_AIM:
+                aims[name] = aim
+            else:
+                point.reason = (f"cannot meet {self.budget_ms:.2f} ms: it would need {self.budget_ms / ms:.2f} of its "
+                                f"unpruned {ms:.2f} ms, below the {MIN_AIM:g} floor, so it was not pruned")
+        return aims
+
+    def round(self, number: int, aims: dict[str, float]) -> dict[str, float]:
+        """Prune, build and time each candidate at its aim (one interleaved timing); the next round's aims."""
         trying = []
-        shown = progress(STAGE, f"tries of round {round_ + 1} pruned and built", len(aims))
+        shown = progress(STAGE, f"tries of round {number} pruned and built", len(aims))
         for name, aim in aims.items():
-            if aim not in cache:
+            if aim not in self.cache:
                 try:
-                    cache[aim] = prune(aim)
+                    self.cache[aim] = self.prune(aim)
                 except OptkitError as e:  # the pruner cannot reach this aim: the candidate stops here
-                    cache[aim] = e
-            if isinstance(cache[aim], OptkitError):
-                points[name].tries.append(Try(aim, 1.0, 1.0, reason=f"pruning to {aim:.2f} failed: {cache[aim]}"))
+                    self.cache[aim] = e
+            if isinstance(self.cache[aim], OptkitError):
+                self.points[name].tries.append(Try(aim, 1.0, 1.0, reason=f"pruning to {aim:.2f} failed: "
+                                                                         f"{self.cache[aim]}"))
                 shown.step(detail=f"{name} at {aim:.2f} of its latency: pruning failed")
                 continue
-            pruned, macs, params = cache[aim]
-            candidate = deployer.build(name, pruned)
+            pruned, macs, params = self.cache[aim]
+            candidate = self.deployer.build(name, pruned)
             attempt = Try(aim, macs, params)
-            points[name].tries.append(attempt)
+            self.points[name].tries.append(attempt)
             shown.step(detail=f"{name} at {aim:.2f} of its latency: MACs {macs:.3f}, {candidate.status}")
             if candidate.status != "verified":
                 attempt.reason = candidate.reason
                 continue
             trying.append((name, candidate, attempt, pruned))
-        aims = {}
         if not trying:
-            break
-        now, measured = deployer.time([candidate for _, candidate, _, _ in trying])
+            return {}
+        now, measured = self.deployer.time([candidate for _, candidate, _, _ in trying])
+        following = {}
         for (name, candidate, attempt, pruned), ms in zip(trying, measured):
-            attempt.ms = ms * baseline / now
-            attempt.meets = attempt.ms <= budget_ms * (1 + MEET_TOLERANCE)
-            if attempt.meets and _best(points[name]) is attempt:
-                models[name], kept[name] = pruned, candidate
-            if attempt.meets and attempt.ms >= budget_ms * (1 - SLACK):
+            attempt.ms = ms * self.baseline / now
+            attempt.meets = self.meets(attempt.ms)
+            tries = self.points[name].tries
+            if attempt.meets and _best(self.points[name]) is attempt:
+                self.models[name], self.kept[name] = pruned, candidate
+            if attempt.meets and attempt.ms >= self.budget_ms * (1 - SLACK):
                 continue
-            aim = _on_grid(_next_aim(points[name].tries, target))
-            if aim >= MIN_AIM and all(aim != t.aim for t in points[name].tries):
-                aims[name] = aim
-    meeting = []
-    for name in ready:
-        point = points[name]
-        if point.status == "dominated":
-            continue
-        best = _best(point) or min((t for t in point.tries if t.ms is not None), key=lambda t: t.ms)
-        point.macs_fraction, point.params_fraction, point.ms = best.macs_fraction, best.params_fraction, best.ms
-        point.speedup = round(point.unpruned_ms / best.ms, 4)
-        point.efficiency = round(point.speedup * best.macs_fraction, 4)
-        if best.meets:
-            point.status = "met"
-            meeting.append(point)
-        elif point.reason is None:
-            point.reason = (f"cannot meet {budget_ms:.2f} ms: fastest {best.ms:.2f} ms at {best.macs_fraction:.2f} of "
-                            "the MACs")
-    if not meeting:
-        raise OptkitError(_unreachable(points.values(), budget_ms, tokens_per_step))
-    shown = progress(STAGE, "deployments that met the budget scored", len(meeting))
-    for point in meeting:
-        point.score = deployer.score(kept[point.name])
-        shown.step(detail=f"{point.name}: {deployer.metric} {_figure(point, deployer.metric)}")
-    sign = -1 if deployer.metric == "perplexity" else 1
-    chosen = max(meeting, key=lambda p: (sign * p.score[deployer.metric], -p.ms))
-    chosen.status = "chosen"
-    for point in meeting:
-        if point is not chosen:
-            point.reason = (f"met the budget, but {deployer.metric} {_figure(point, deployer.metric)} against "
-                            f"{_figure(chosen, deployer.metric)}")
-    return SearchResult(chosen, models[chosen.name], list(points.values()), budget_ms, baseline, deployer.metric)
+            aim = _on_grid(_next_aim(tries, self.target))
+            if aim >= MIN_AIM and all(aim != t.aim for t in tries):
+                following[name] = aim
+        return following
+
+    def settle(self, ready: Sequence[str]) -> list[Point]:
+        """Each searched candidate's point (its least pruned try that met the budget, else its fastest); those
+        that met it."""
+        meeting = []
+        for name in ready:
+            point = self.points[name]
+            if point.status == "dominated":
+                continue
+            best = _best(point) or min((t for t in point.tries if t.ms is not None), key=lambda t: t.ms)
+            point.macs_fraction, point.params_fraction, point.ms = best.macs_fraction, best.params_fraction, best.ms
+            point.speedup = round(point.unpruned_ms / best.ms, 4)
+            point.efficiency = round(point.speedup * best.macs_fraction, 4)
+            if best.meets:
+                point.status = "met"
+                meeting.append(point)
+            elif point.reason is None:
+                point.reason = (f"cannot meet {self.budget_ms:.2f} ms: fastest {best.ms:.2f} ms at "
+                                f"{best.macs_fraction:.2f} of the MACs")
+        return meeting
+
+    def choose(self, meeting: list[Point]) -> Point:
+        """Score the points that met the budget and mark the best (the faster of two alike) chosen."""
+        metric = self.deployer.metric
+        shown = progress(STAGE, "deployments that met the budget scored", len(meeting))
+        for point in meeting:
+            point.score = self.deployer.score(self.kept[point.name])
+            shown.step(detail=f"{point.name}: {metric} {_figure(point, metric)}")
+        sign = -1 if metric == "perplexity" else 1
+        chosen = max(meeting, key=lambda p: (sign * p.score[metric], -p.ms))
+        chosen.status = "chosen"
+        for point in meeting:
+            if point is not chosen:
+                point.reason = (f"met the budget, but {metric} {_figure(point, metric)} against "
+                                f"{_figure(chosen, metric)}")
+        return chosen
 
 
 def _same_math_faster(candidate: Candidate, unpruned: dict[str, float], built: dict[str, Candidate]) -> str | None:
