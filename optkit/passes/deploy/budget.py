@@ -171,11 +171,14 @@ class ImageDeployer:
     def time(self, candidates: Sequence[Candidate]) -> tuple[float, list[float]]:
         from optkit.analysis.latency import Deployment, interleaved_latency
 
+        # The unpruned ONNX Runtime FP32 candidate is the baseline's own file: timed once, as the baseline.
+        others = [c for c in candidates if not _is_baseline(c, self.unpruned)]
         timed = interleaved_latency([Deployment(self.unpruned),
-                                     *(Deployment(c.built, c.runtime, c.precision) for c in candidates)],
+                                     *(Deployment(c.built, c.runtime, c.precision) for c in others)],
                                     (self.settings.batch, *self.shape[1:]), threads=self.threads, warmup=3,
                                     repeats=self.settings.repeats)
-        return timed[0].median_ms, [t.median_ms for t in timed[1:]]
+        by_candidate = dict(zip(map(id, others), timed[1:]))
+        return timed[0].median_ms, [by_candidate.get(id(c), timed[0]).median_ms for c in candidates]
 
     def score(self, candidate: Candidate) -> dict[str, float]:
         import numpy as np
@@ -197,6 +200,10 @@ class ImageDeployer:
             correct += int((np.argmax(logits, axis=1) == labels).sum())
             total += len(labels)
         return {"accuracy": correct / total}
+
+
+def _is_baseline(candidate: Candidate, unpruned: Path) -> bool:
+    return candidate.runtime == "onnxruntime" and Path(candidate.built) == unpruned
 
 
 def recheck(budget: dict[str, Any], deployed: dict[str, Any]) -> str:

@@ -77,9 +77,13 @@ class TokenDeployer:
         from optkit.export import decode
         from optkit.passes.deploy import tokens
 
-        speeds = tokens.decode_timer([decode.decode_path(self.unpruned), *(c.decode_built for c in candidates)],
-                                     prompt_tokens=self.prompt, threads=self.threads, batch=self.settings.batch)
-        return speeds[0]["median_ms"], [s["median_ms"] for s in speeds[1:]]
+        baseline = decode.decode_path(self.unpruned)
+        # The unpruned ONNX Runtime FP32 candidate's decode graph is the baseline's own: timed once, as the baseline.
+        others = [c for c in candidates if not (c.runtime == "onnxruntime" and Path(c.decode_built) == baseline)]
+        speeds = tokens.decode_timer([baseline, *(c.decode_built for c in others)], prompt_tokens=self.prompt,
+                                     threads=self.threads, batch=self.settings.batch)
+        by_candidate = dict(zip(map(id, others), speeds[1:]))
+        return speeds[0]["median_ms"], [by_candidate.get(id(c), speeds[0])["median_ms"] for c in candidates]
 
     def score(self, candidate: Candidate) -> dict[str, Any]:
         perplexity = candidate.check.get("perplexity")

@@ -53,6 +53,7 @@ def test_the_deployer_builds_times_and_scores_each_model_in_its_own_runtime(tmp_
     assert pruned.built.parent.name == "try1" and deployer.tries == 1
     baseline, times = deployer.time([unpruned, pruned])
     assert baseline > 0 and len(times) == 2 and all(ms > 0 for ms in times)
+    assert times[0] == baseline  # the unpruned FP32 candidate is the baseline's own file: timed once
     # The score is the model's own top-1 accuracy on the data's val split, run in ONNX Runtime.
     from optkit.passes.quantize.calibration import load_batches
 

@@ -21,10 +21,10 @@ def test_a_budget_met_unpruned_keeps_the_most_accurate_deployment_and_reports_th
                                                                                          set_times):
     # The unpruned FP32 file takes 8 ms; both candidates meet 3 ms without pruning, so the search prunes nothing
     # and the more accurate (then the faster) is kept.
-    set_times({("onnxruntime", None): 8.0, ("onnxruntime", "fp32"): 2.5, ("openvino", "fp32"): 2.0})
+    set_times({("onnxruntime", None): 8.0, ("onnxruntime", "int8"): 2.5, ("openvino", "fp32"): 2.0})
     out = tmp_path / "run"
     result = _optimize("--target-latency", "3ms", "--export", "onnx", "--deploy", "--calib-data", fashion_data,
-                       "--deploy-candidates", "onnxruntime-fp32,openvino-fp32", "--deploy-threads", 1,
+                       "--deploy-candidates", "onnxruntime-int8,openvino-fp32", "--deploy-threads", 1,
                        "--deploy-batch", 1, "--deploy-repeats", 2, "--out", out)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -32,12 +32,13 @@ def test_a_budget_met_unpruned_keeps_the_most_accurate_deployment_and_reports_th
     assert budget["budget_ms"] == 3.0 and budget["asked"] == "3 ms per call at batch 1, 1 thread(s)"
     points = {p["name"]: p for p in budget["points"]}
     chosen = points[budget["chosen"]]
-    assert chosen["status"] == "chosen" and report["deploy"]["label"].endswith("FP32")
+    assert chosen["status"] == "chosen" and chosen["name"] == f"{report['deploy']['runtime']}-" \
+                                                             f"{report['deploy']['precision']}"
     assert all(p["ms"] <= 3.0 and p["macs_fraction"] == 1.0 for p in points.values())
     other = next(p for p in points.values() if p is not chosen)
     assert (chosen["score"]["accuracy"], -chosen["ms"]) > (other["score"]["accuracy"], -other["ms"])
     assert chosen["score"]["accuracy"] > 0.85  # the demo model on Fashion-MNIST's val split
-    assert budget["remeasured_ms"] == 2.5 if chosen["name"] == "onnxruntime-fp32" else 2.0
+    assert budget["remeasured_ms"] == (2.5 if chosen["name"] == "onnxruntime-int8" else 2.0)
     assert budget["met_again"] is True
     (note,) = [n for n in report["notes"] if n.startswith("structured_prune: latency budget 3 ms per call")]
     assert note.endswith("pruning efficiency 1.00 (measured speed-up 1.00x in "
@@ -45,6 +46,7 @@ def test_a_budget_met_unpruned_keeps_the_most_accurate_deployment_and_reports_th
     written = {p.name for p in out.iterdir()}
     assert "frontier.png" in written and (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     assert ({"model.xml", "model.bin"} <= written) == (chosen["name"] == "openvino-fp32")
+    assert ("model.int8.onnx" in written) == (chosen["name"] == "onnxruntime-int8")
     markdown = (out / "report.md").read_text()
     assert "### Latency budget" in markdown and f"| **{chosen['name']}** (chosen) | chosen | 1.000 |" in markdown
     assert "![accuracy against measured latency" in markdown
