@@ -123,7 +123,10 @@ def capture_inputs(model: nn.Module, blocks: nn.ModuleList, batches: Sequence[di
 
 def _feeds_first_block(model: nn.Module, embeddings: nn.Module, blocks: nn.ModuleList) -> bool:
     """Whether the input embeddings' output reaches the first block unchanged (no norm or sum on the way, which
-    would mix dtypes if it were fp32)."""
+    would mix dtypes if it were fp32). Only token embeddings are probed: an image model's patch embeddings are
+    a convolution whose output is its own dtype's already."""
+    if not isinstance(embeddings, nn.Embedding):
+        return False
     seen: dict[str, torch.Tensor] = {}
 
     def embedded(module, args, output):
@@ -490,6 +493,10 @@ def _write_config(model: nn.Module, plan: Plan, structure: Block) -> None:
     edited = edited_config(model.config, plan, structure)
     vars(model.config).clear()
     vars(model.config).update(vars(edited))
+    for module in model.modules():
+        for key, value in vars(module).items():
+            if isinstance(value, type(model.config)) and value is not model.config:
+                vars(module)[key] = model.config
     problem = matches_stock(model)
     if problem is not None:
         raise OptkitError(f"after the cut the stock class no longer describes the model: {problem}")
@@ -602,9 +609,11 @@ def fit_mlp(model: nn.Module, structure: Block, kv_keep: int, q_keep: int, fract
 def changed_settings(model: nn.Module, plan: Plan, structure: Block) -> dict[str, dict[str, Any]]:
     """The scalar module settings a block's modules take from the config that the plan changes (an attention's
     head count, its KV groups), as the stock class sets them: ``{module name in a block: {attribute: value}}``.
+    A module that keeps the config itself and reads it as it runs (Phi-3's attention) is given the edited config.
 
     A cut block takes them at once (:func:`adopt_settings`), so that it runs, for the next block's inputs, as the
-    stock class built from the edited config would run it.
+    stock class built from the edited config would run it; :func:`_write_config` then points such modules back at
+    the model's config, edited by then.
     """
     from optkit.io.hf import stock_class
     from optkit.passes.prune.hf.transformer import is_setting
@@ -617,7 +626,8 @@ def changed_settings(model: nn.Module, plan: Plan, structure: Block) -> dict[str
     for name, module in find_block_lists(after)[0][1][0].named_modules():
         previous = vars(old[name]) if name in old else {}
         for key, value in vars(module).items():
-            if not key.startswith("_") and key != "training" and is_setting(value) and previous.get(key) != value:
+            settable = is_setting(value) or isinstance(value, type(model.config))
+            if not key.startswith("_") and key != "training" and settable and previous.get(key) != value:
                 changes.setdefault(name, {})[key] = value
     return changes
 

@@ -172,3 +172,29 @@ def test_the_default_allocation_measures_the_split_for_a_language_model_given_te
     assert StructuredPrune(target_macs=0.5, data="fashion-mnist").resolved_allocation(convnet) == "uniform"
     assert StructuredPrune(target_params=0.8, data=f"text:{text}",
                            allocation="uniform").resolved_allocation(model) == "uniform"
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "vit"])
+def test_a_block_that_reads_its_config_as_it_runs_or_takes_pixels_is_cut_and_reloads(model_type, tmp_path):
+    """Phi-3's fused attention reads its head count from the config it keeps while it runs, so a cut block must run
+    with the edited config before the next block's inputs are taken; a ViT's input embeddings are a patch
+    convolution, not a token table (both failed in the house's commits while the slow development-set test alone
+    would have seen it)."""
+    from benchmarks._hf_configs import AUTO_CLASS, IMAGE_SIZE, build, is_image
+
+    model = build(model_type)
+    if is_image(model_type):
+        shape = (1, 3, IMAGE_SIZE, IMAGE_SIZE)
+        inputs = {"pixel_values": torch.randn(2, *shape[1:], generator=torch.Generator().manual_seed(3))}
+    else:
+        shape = (1, 16)
+        inputs = {"input_ids": torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(3))}
+    params = sum(p.numel() for p in model.parameters())
+    result = StructuredPrune(ratio=0.3, input_shape=shape).apply(model)
+    assert result.details["transformer"]["engine"] == "blockwise"
+    assert sum(p.numel() for p in model.parameters()) <= 0.8 * params
+    assert model.config.num_attention_heads < 4
+    model.save_pretrained(tmp_path)
+    reloaded = getattr(transformers, AUTO_CLASS[model_type]).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs).logits, model.eval()(**inputs).logits, rtol=1e-5, atol=1e-5)
