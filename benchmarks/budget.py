@@ -121,7 +121,8 @@ def deployed(model, shape: tuple[int, ...], folder: Path, way: str, args, macs: 
     export_onnx(model, path, shape)
     result = choose_deployment(path, settings(args), input_shape=shape, baseline=folder.parent / "unpruned.onnx")
     return {"way": way, "deployment": f"{result.runtime}-{result.precision}", "path": folder / result.path,
-            "macs_fraction": round(count_macs(model, shape) / macs, 4)}
+            "macs_fraction": round(count_macs(model, shape) / macs, 4),
+            "candidates": [{k: c[k] for k in ("name", "status", "reason", "speedup")} for c in result.candidates]}
 
 
 def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
@@ -194,8 +195,8 @@ def to_markdown(report: dict) -> str:
         for way in row["ways"]:
             label = {"joint": f"**joint** ({row['verdict']})", "a": "(a) prune, then deploy",
                      "b": "(b) quantization alone"}[way["way"]]
-            lines.append(f"| {row['model']} | {row['budget_fraction']} ({row['budget_ms']:.2f} ms) | {label} | "
-                         f"{way['deployment']} | {way['macs_fraction']:.3f} | {way['ms']:.2f} ({way['fraction']:.3f}) | "
+            lines.append(f"| {row['model']} | {row['budget_fraction']} ({row['budget_ms']:.3g} ms) | {label} | "
+                         f"{way['deployment']} | {way['macs_fraction']:.3f} | {way['ms']:.3g} ({way['fraction']:.3f}) | "
                          f"{'yes' if way['meets'] else 'no'} | {way['accuracy']:.2%} | "
                          f"{way.get('efficiency') or '–'} | {way.get('search_s', '–')} |")
     if report.get("language"):

@@ -296,3 +296,25 @@ def test_a_decode_budget_no_deployment_reaches_names_the_fastest_tokens_per_seco
     (line,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert "no deployment meets the budget of 5000.0 decode tokens/s: the fastest reachable is 1000.0 tokens/s" in line
     assert not (tmp_path / "o").exists()
+
+
+def test_a_decode_budget_prunes_the_language_model_just_enough(lm, tmp_path, monkeypatch):
+    """A decode step's time set in proportion to its graph's bytes (what a memory-bound step reads): FP32 at 2 ms
+    must be pruned to meet 600 tokens/s (1.67 ms); the transformer engine prunes it by parameters, and the pruned
+    model's deployment, timed again, meets the budget."""
+    def by_size(paths, *, prompt_tokens, threads, batch, rounds=1):
+        sizes = [sum(f.stat().st_size for f in Path(p).parent.glob(f"{Path(p).name}*")) for p in paths]
+        return [{"median_ms": 2.0 * size / sizes[0], "p90_ms": 2.0, "tokens_per_s": 1.0} for size in sizes]
+
+    monkeypatch.setattr("optkit.analysis.latency.interleaved_latency",
+                        lambda deployments, shape, **kwargs: _timer([])(deployments))
+    monkeypatch.setattr("optkit.passes.deploy.tokens.decode_timer", by_size)
+    folder, corpus = lm
+    out = tmp_path / "run"
+    result = _optimize_budget(folder, corpus, out, "600tok/s", "onnxruntime-fp32")
+    assert result.exit_code == 0, result.output
+    budget = json.loads((out / "report.json").read_text())["deploy"]["budget"]
+    (point,) = budget["points"]
+    assert point["status"] == "chosen" and point["params_fraction"] < 1.0 and point["ms"] <= 1000 / 600 * 1.02
+    assert len(point["tries"]) >= 2 and point["tries"][0]["aim"] == 1.0 and not point["tries"][0]["meets"]
+    assert budget["met_again"] and budget["remeasured_ms"] <= 1000 / 600 * 1.05
