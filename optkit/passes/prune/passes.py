@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from optkit.passes.prune.spec import PruneSpec
     from optkit.passes.prune.targets.curves import Sensitivity
 
-STRUCTURED_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random", "activation")
+STRUCTURED_IMPORTANCE = ("auto", "l1", "l2", "taylor", "bn_scale", "random", "activation")
 ALLOCATIONS = ("auto", "uniform", "global", "sensitivity")
 BLOCK_INPUTS = ("pruned", "unpruned")
 DEFAULT_TIMEOUT_S = 120.0
@@ -108,9 +108,11 @@ class StructuredPrune(Pass):
                                   "Runtime's CPU convolutions); 1 disables rounding; auto (with target_latency) "
                                   "picks 4, 8, 16 or 32 by the latency table.", low=1, also=("auto",),
                                   flag="round-to", metavar="auto|N")
-    importance: str = setting("l1", help="How channels are ranked: l1, l2, taylor (gradient x weight; needs data), "
-                              "bn_scale, random (a baseline), or activation (a transformer's heads and MLP channels "
-                              "by weight x input activation norm on calibration text; needs data).",
+    importance: str = setting("auto", help="How channels are ranked: l1, l2, taylor (gradient x weight; needs "
+                              "data), bn_scale, random (a baseline), activation (a transformer's heads and MLP "
+                              "channels by weight x input activation norm on calibration text; needs data), or auto "
+                              "(activation for a transformer given text data, where it measured best in "
+                              "benchmarks/results/llm-defaults-shipped.md; l1 otherwise).",
                               choices=STRUCTURED_IMPORTANCE, flag="importance")
     allocation: str = setting("auto", help="How the reduction is spread over layers: uniform (every group "
                               "loses the same fraction), global (channels ranked across all groups), "
@@ -222,7 +224,7 @@ class StructuredPrune(Pass):
         from optkit.passes.prune.targets import ratio as target
         from optkit.passes.prune.targets.configs import reach
 
-        result = reach(self.target(model), self.spec(), model)
+        result = reach(self.target(model), self.spec(model), model)
         _refuse_if_nothing_removed(result.details)
         _lead_with_a_miss(result.details)
         return result
@@ -283,12 +285,25 @@ class StructuredPrune(Pass):
         transformer = self.submodule is None and describes_transformer(model)
         return "sensitivity" if targeted and text and transformer and self.target_latency is None else "uniform"
 
-    def spec(self) -> PruneSpec:
-        """How these settings choose and remove channels, whatever the target (see :class:`PruneSpec`)."""
+    def resolved_importance(self, model: nn.Module | None) -> str:
+        """The importance this run uses: ``auto`` is ``activation`` for a transformer given text data (the measured
+        best for language models), else ``l1``; ``l1`` too when no model is given."""
+        if self.importance != "auto":
+            return self.importance
+        from optkit.data.specs import is_text
+        from optkit.passes.prune.hf import describes_transformer
+
+        text = self.data is not None and is_text(self.data)
+        transformer = model is not None and self.submodule is None and describes_transformer(model)
+        return "activation" if text and transformer else "l1"
+
+    def spec(self, model: nn.Module | None = None) -> PruneSpec:
+        """How these settings choose and remove channels, whatever the target (see :class:`PruneSpec`), for
+        ``model`` (which settles ``importance="auto"``)."""
         from optkit.passes.prune.spec import PruneSpec
 
         return PruneSpec(
-            input_shape=tuple(self.input_shape or DEFAULT_INPUT_SHAPE), importance=self.importance,
+            input_shape=tuple(self.input_shape or DEFAULT_INPUT_SHAPE), importance=self.resolved_importance(model),
             global_=self.allocation == "global", steps=self.iterative_steps, layer_ratios=self.layer_ratios,
             ignored_layers=self.ignored_layers, submodule=self.submodule, bias_correction=self.bias_correction,
             drop_blocks=self.drop_blocks, timeout_s=self.timeout_s, group_timeout_s=self.group_timeout_s,
@@ -307,7 +322,7 @@ class StructuredPrune(Pass):
         """
         from optkit.passes.prune.graph.channels import prune_to
 
-        spec = self.spec()
+        spec = self.spec(model)
         return prune_to(model, spec, spec.uniform(ratio, self.round_to))
 
     def _root_and_inputs(self, model: nn.Module) -> tuple[nn.Module, Any, str | None]:

@@ -234,7 +234,8 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
     start = time.perf_counter()
     shape = tuple(prune.input_shape or DEFAULT_INPUT_SHAPE)
     template = dataclasses.replace(prune, input_shape=shape, ratio=0.0, target_macs=None, target_params=None, target_latency=None,
-                                   allocation="uniform", layer_ratios=None, iterative_steps=1)
+                                   allocation="uniform", layer_ratios=None, iterative_steps=1,
+                                   importance=prune.resolved_importance(model))
     eval_set = load_eval_set(EvalSettings(settings.data, samples=settings.samples, batch_size=settings.batch_size),
                              model, shape, split=SENSITIVITY_SPLIT)
     calibration = _calibration_images(settings, shape)

@@ -116,7 +116,7 @@ def search(prune: BuildsTarget, model: nn.Module, sensitivity: Sensitivity | Non
     Returns:
         as :func:`allocate_by_sensitivity`.
     """
-    return reach(prune.target(model, sensitivity), prune.spec(), model)
+    return reach(prune.target(model, sensitivity), prune.spec(model), model)
 
 
 def _candidate_summary(candidate: tuple, measured_loss: float) -> dict[str, Any]:

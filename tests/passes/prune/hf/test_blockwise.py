@@ -198,3 +198,30 @@ def test_a_block_that_reads_its_config_as_it_runs_or_takes_pixels_is_cut_and_rel
     reloaded = getattr(transformers, AUTO_CLASS[model_type]).from_pretrained(tmp_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**inputs).logits, model.eval()(**inputs).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_default_importance_is_activation_for_a_language_model_given_text_and_l1_otherwise(tmp_path):
+    """benchmarks/results/llm-defaults-shipped.md measured activation importance best for language models; the
+    default follows it there and leaves every other model on l1."""
+    from optkit.io.models import load_model
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("some words\n" * 50)
+    model = _qwen(layers=1)
+    assert StructuredPrune(ratio=0.3, data=f"text:{text}").resolved_importance(model) == "activation"
+    assert StructuredPrune(ratio=0.3).resolved_importance(model) == "l1"  # no text to measure on
+    assert StructuredPrune(ratio=0.3, data=f"text:{text}", importance="l2").resolved_importance(model) == "l2"
+    convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+    assert StructuredPrune(target_macs=0.5, data="fashion-mnist").resolved_importance(convnet) == "l1"
+
+    code = tmp_path / "code.txt"
+    code.write_text("".join(f"def f{i}(x):\n    return x * {i} + len(str(x))\n\n" for i in range(400)))
+    shipped = load_model("hf:optkit/demo/python_docs_lm").eval()
+    weights = {}
+    for importance in ("auto", "activation", "l1"):
+        pruned = copy.deepcopy(shipped)
+        StructuredPrune(ratio=0.5, data=f"text:{code}", importance=importance, input_shape=(1, 64),
+                        calibration_batches=1, batch_size=4).apply(pruned)
+        weights[importance] = pruned.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(weights["auto"], weights["activation"])
+    assert weights["auto"].shape != weights["l1"].shape or not torch.equal(weights["auto"], weights["l1"])
