@@ -65,8 +65,8 @@ def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
                           "model's budget in milliseconds per call (3ms) or as a fraction of its latency (0.5)")
     shape = tuple(prune.spec().input_shape)
     threads = deploy.threads or os.cpu_count() or 1
-    known = TOKEN_CANDIDATES if language else CANDIDATES
-    names = [name for name in deploy.candidates or known if name in known]
+    # A name for the other kind of model is listed as unavailable, as deploy lists it.
+    names = list(deploy.candidates or (TOKEN_CANDIDATES if language else CANDIDATES))
     scratch = Path(tempfile.mkdtemp(prefix="optkit-budget-"))
     try:
         if language:

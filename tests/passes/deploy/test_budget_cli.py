@@ -97,3 +97,15 @@ def test_a_decode_budget_on_an_image_model_is_an_error_line_and_writes_nothing(t
     (line,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert "40tok/s is a language model's decode speed" in line and line == result.output.strip().splitlines()[-1]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_candidate_for_language_models_is_listed_unavailable_on_an_image_model(tmp_path, fashion_data, set_times):
+    set_times({("onnxruntime", None): 8.0, ("openvino", "fp32"): 2.0})
+    out = tmp_path / "run"
+    result = _optimize("--target-latency", "3ms", "--export", "onnx", "--deploy", "--calib-data", fashion_data,
+                       "--deploy-candidates", "openvino-fp32,onnxruntime-w4", "--deploy-threads", 1, "--out", out)
+    assert result.exit_code == 0, result.output
+    points = {p["name"]: p for p in json.loads((out / "report.json").read_text())["deploy"]["budget"]["points"]}
+    assert points["openvino-fp32"]["status"] == "chosen"
+    assert points["onnxruntime-w4"]["status"] == "unavailable"
+    assert points["onnxruntime-w4"]["reason"] == "onnxruntime-w4 is for language models (weight-only quantization)"
