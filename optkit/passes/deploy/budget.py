@@ -2,8 +2,10 @@
 
 :func:`meet_budget` is what ``structured_prune`` runs when its ``target_latency``
 is met in the run's ``deploy`` step: it exports the model, builds, times and
-scores each candidate (:class:`ImageDeployer`), prunes copies with the
-latency-target engine (the prune pass itself at a latency fraction), and leaves
+scores each candidate (:class:`ImageDeployer`; a language model's,
+:class:`optkit.passes.deploy.budget_tokens.TokenDeployer`), prunes copies with
+the latency-target engine (the prune pass itself at a latency fraction; a
+language model at a parameter fraction), and leaves
 the chosen deployment and the frontier in the run's plan, where ``deploy``
 finds them: it then builds only that deployment from the fine-tuned model,
 times it again against the budget, and draws the frontier
@@ -39,14 +41,14 @@ RECHECK_TOLERANCE = 0.05
 def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
     """Prune ``model`` just enough for its most accurate deployment to meet ``prune.target_latency``.
 
-    Args:
-        deploy: the run's bound ``deploy`` step (its settings, and the ``plan`` it reads later).
-        prune: the ``structured_prune`` step holding the budget; it prunes the copies at latency fractions.
-        model: the model before pruning (not changed).
-
     A language model's candidates are its own (weight-only INT8/INT4 among them), timed by the decode step and
     scored by validation perplexity (:class:`optkit.passes.deploy.budget_tokens.TokenDeployer`); a ``tok/s``
     budget is a time per decode step (``batch`` tokens a step).
+
+    Args:
+        deploy: the run's bound ``deploy`` step (its settings, and the ``plan`` it reads later).
+        prune: the ``structured_prune`` step holding the budget; it prunes the copies (see :func:`_pruner`).
+        model: the model before pruning (not changed).
 
     Returns:
         the chosen point's model (``model`` itself when it needed no pruning), with details ``budget`` (the
