@@ -109,3 +109,20 @@ def test_a_candidate_for_language_models_is_listed_unavailable_on_an_image_model
     assert points["openvino-fp32"]["status"] == "chosen"
     assert points["onnxruntime-w4"]["status"] == "unavailable"
     assert points["onnxruntime-w4"]["reason"] == "onnxruntime-w4 is for language models (weight-only quantization)"
+
+
+@pytest.mark.slow  # a fine-tune with its validation: about 45 s on 2 cores
+def test_only_the_chosen_model_is_fine_tuned_then_deployed(tmp_path, fashion_data, set_times):
+    set_times({("onnxruntime", None): 8.0, ("onnxruntime", "int8"): 2.5, ("openvino", "fp32"): 2.0})
+    out = tmp_path / "run"
+    result = _optimize("--target-latency", "3ms", "--export", "onnx", "--deploy", "--calib-data", fashion_data,
+                       "--deploy-candidates", "onnxruntime-int8,openvino-fp32", "--deploy-threads", 1,
+                       "--finetune", fashion_data, "--max-steps", 2, "--batch-size", 16, "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [p["name"] for p in report["passes"]] == ["structured_prune", "finetune"]  # the PyTorch passes
+    assert 'name = "deploy"' in (out / "recipe.toml").read_text()
+    budget = report["deploy"]["budget"]
+    # deploy built only the planned deployment, from the fine-tuned model
+    assert [c["name"] for c in report["deploy"]["candidates"]] == [budget["chosen"]]
+    assert budget["met_again"]
