@@ -126,3 +126,16 @@ def test_only_the_chosen_model_is_fine_tuned_then_deployed(tmp_path, fashion_dat
     # deploy built only the planned deployment, from the fine-tuned model
     assert [c["name"] for c in report["deploy"]["candidates"]] == [budget["chosen"]]
     assert budget["met_again"]
+
+
+def test_a_budget_no_deployment_reaches_names_the_fastest_latency_and_writes_nothing(tmp_path, fashion_data,
+                                                                                      set_times):
+    # 0.4 ms is 0.08 of OpenVINO's 5 ms: below the search's floor, so nothing is pruned for it.
+    set_times({("onnxruntime", None): 8.0, ("openvino", "fp32"): 5.0})
+    result = _optimize("--target-latency", "0.4ms", "--export", "onnx", "--deploy", "--calib-data", fashion_data,
+                       "--deploy-candidates", "openvino-fp32", "--out", tmp_path / "o")
+    assert result.exit_code == 1
+    (line,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert ("no deployment meets the budget of 0.40 ms per call: the fastest reachable is 5.00 ms (OpenVINO FP32 at "
+            "1.00 of the MACs); give --target-latency 5.25ms or more; nothing was written") in line
+    assert not (tmp_path / "o").exists()
