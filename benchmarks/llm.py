@@ -9,8 +9,11 @@ fraction of parameters kept it is pruned, with nothing trained afterwards:
 * ``uniform + refit``: the same with ``data="text"``: the layers that lost inputs
   are refitted by least squares on calibration text (``bias_correction``);
 * ``mix + refit``: ``allocation="sensitivity"``: the cut split between heads and
-  MLP channels by validation perplexity, then refitted (what to run:
-  ``--target-params F --allocation sensitivity --calib-data text``);
+  MLP channels by validation perplexity, then refitted (heads and channels
+  ranked by weight norm, ``importance="l1"``);
+* ``default``: what ``--target-params F --calib-data text`` runs: the mix, with
+  heads and channels ranked by weight x input activation norm
+  (``importance="auto"`` resolves to ``activation``);
 * ``torch-pruning``: torch-pruning's LLM example recipe (magnitude, heads and
   hidden channels at one ratio) called directly, at the ratio whose
   ``(1 - ratio)**2`` is the fraction (its achieved fraction is listed).
@@ -52,9 +55,11 @@ SEQ_LEN = 128
 DEFAULTS = StructuredPrune()
 METHODS = {
     "magnitude": {},
-    "uniform + refit": {"data": "text"},
-    "mix + refit": {"data": "text", "allocation": "sensitivity"},
-    "mix + refit (unpruned inputs)": {"data": "text", "allocation": "sensitivity", "block_inputs": "unpruned"},
+    "uniform + refit": {"data": "text", "allocation": "uniform", "importance": "l1"},
+    "mix + refit": {"data": "text", "allocation": "sensitivity", "importance": "l1"},
+    "mix + refit (unpruned inputs)": {"data": "text", "allocation": "sensitivity", "importance": "l1",
+                                      "block_inputs": "unpruned"},
+    "default": {"data": "text"},
 }
 TP_TIME_LIMIT_S = 180
 
