@@ -32,7 +32,7 @@ def test_keyword_settings_are_written_without_trailing_underscore():
         ('colour = "red"\n', "unknown key.*colour.*valid keys: version, input_shape, device, pass"),
         ('[[pass]]\nratio = 0.3\n', "has no name"),
         ('[[pass]]\nname = "structured_prune"\nratio = 1.5\n', r"ratio must be a number in \[0, 1\)"),
-        ('[[pass]]\nname = "structured_prune"\nimportance = "magic"\n', "importance must be one of l1, l2"),
+        ('[[pass]]\nname = "structured_prune"\nimportance = "magic"\n', "importance must be one of auto, l1, l2"),
         ("input_shape = [1, -3]\n", "input_shape must be"),
         ("[[pass]\nname=", "not valid TOML"),
     ],
