@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import destination, partial_options  # noqa: E402
 from llm import MODEL, RESULTS, ROOT, SEQ_LEN, params, perplexity  # noqa: E402
 
 from optkit.analysis.evaluation import DataReaders  # noqa: E402
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    out = destination(args.out, partial_options(parser, args, ["fractions"]))
     torch.set_num_threads(args.threads)
 
     original = load_model(args.model).eval()
@@ -100,9 +102,9 @@ def main() -> None:
                                                                 for s, b in splits.items()},
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
               "time_budget": TIME_BUDGET, "rows": rows, "verdict": verdict(rows, args.fractions)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_text(args.out / f"llm-defaults-{args.name}.json", json.dumps(record, indent=2) + "\n")
-    write_text(args.out / f"llm-defaults-{args.name}.md", markdown(record))
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / f"llm-defaults-{args.name}.json", json.dumps(record, indent=2) + "\n")
+    write_text(out / f"llm-defaults-{args.name}.md", markdown(record))
 
 
 def verdict(rows: list[dict], fractions: list[float]) -> dict:
