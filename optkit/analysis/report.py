@@ -147,7 +147,10 @@ def _allocation_hint(run: PipelineRun) -> list[str]:
     three models of ``benchmarks/results/defaults.md`` only; where it gained, it kept more than the noise.
     """
     prunes = [r for r in run.records if r.name == "structured_prune" and "target" in r.details]
-    if any("transformer" in r.details and r.details.get("allocation") != "mix" for r in prunes):
+    unmeasured = [r for r in prunes if "transformer" in r.details and r.details.get("allocation") != "mix"]
+    if any(str(r.details.get("allocation", "")).startswith("uniform (split not measured") for r in unmeasured):
+        return []  # the prune's own first note says why the split was not measured, and how to measure it
+    if unmeasured:
         return ["structured_prune cut heads and MLP channels by the same share: given text data (--calib-data "
                 "text), the default allocation splits the cut between them by validation perplexity, which kept "
                 "test perplexity within 1.01x at 0.8 of the parameters on the shipped language model, where the "

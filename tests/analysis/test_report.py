@@ -217,6 +217,23 @@ def test_a_uniform_target_prune_before_a_finetune_names_the_allocation_that_may_
         "keep more accuracy, at about 1.5x this run's time (benchmarks/results/defaults.md)"])
 
 
+@pytest.mark.parametrize("allocation, hinted", [
+    ("uniform", True),
+    ("uniform (split not measured: over its time budget)", False),
+    ("mix", False),
+])
+def test_the_text_data_hint_is_given_only_where_text_would_have_changed_the_allocation(allocation, hinted):
+    """Qwen2.5-0.5B with --calib-data text was told that text data would split the cut, beside the note that the
+    split was over its time budget: the hint is for runs that had no text to measure on."""
+    step = ModelStats(params=500, macs=5_000, sparsity=0.0)
+    details = {"target": "params", "target_fraction": 0.8, "transformer": {}, "allocation": allocation}
+    run = PipelineRun(nn.Identity(), ModelStats(params=1000, macs=10_000, sparsity=0.0), step,
+                      [PassRecord("structured_prune", 1.0, step, details)])
+    report = build_report(run, model="m", input_shape=(1, 16))
+    hints = [note for note in report["notes"] if "given text data (--calib-data text)" in note]
+    assert len(hints) == (1 if hinted else 0)
+
+
 def test_the_latency_line_gives_throughput_in_the_unit_of_the_models_kind():
     import dataclasses
 

@@ -208,6 +208,7 @@ def _uniform_instead(target: MixTarget, spec: PruneSpec, model: nn.Module, estim
 
     kind = MacsTarget if target.measured == "macs" else ParamsTarget
     result = uniform_search(kind(target.fraction, target.tolerance, target.round_to), spec, model)
+    result.details["allocation"] = "uniform (split not measured: over its time budget)"
     result.details.setdefault("notes", []).insert(0, (
         f"structured_prune cut heads and MLP channels by the same share: measuring the split (the default for a "
         f"language model) would take about {estimate:.0f} s on this machine, over its budget of "
