@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import math
 import os
 import shutil
 import tempfile
 import time
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,6 +217,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, input_shape: Sequence
             result = _result(target, name, attempts, opset, dynamic_batch, fp16, simplify, is_external, checks,
                              file_size, compressed, prepared, time.perf_counter() - start)
             result.notes += [fold_note] if fold_note else []
+            if gzip_is_estimated(file_size):
+                result.notes.append(f"{target.name}'s gzipped size is estimated from a sample of about "
+                                    f"{GZIP_EXACT_MAX_BYTES // 2**20} MiB (it is {file_size / 2**30:.1f} GiB)")
             if (half := _half_dtype(model)) and not fp16:
                 result.notes.append(f"{target.name} holds the {half} weights as float32 (ONNX Runtime's CPU kernels "
                                     "have no bf16); --fp16 stores them in half the bytes")
@@ -299,35 +303,67 @@ def _folded_copy(reference: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Modul
                       if details["not_folded"] else None)
 
 
+#: Up to this many bytes a gzipped size is exact; above it, it is estimated from every n-th 4 MiB piece so that
+#: about this many bytes are compressed (an exact gzip of a model of several GB takes minutes on one core, for a
+#: figure that tells sparse weights from dense ones, which a sample tells as well).
+GZIP_EXACT_MAX_BYTES = 256 * 2**20
+_GZIP_PIECE = 1 << 22
+
+
 def gzip_size(path: str | os.PathLike) -> int:
-    """Bytes of ``path`` after gzip at its default level 6 (as ``gzip.compress(data)`` with no file name)."""
-    compressor = _gzip_compressor()
-    total = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            total += len(compressor.compress(chunk))
-    return total + len(compressor.flush())
+    """Bytes of ``path`` after gzip at its default level 6 (as ``gzip.compress(data)`` with no file name); estimated
+    from a sample above :data:`GZIP_EXACT_MAX_BYTES` (see :func:`gzip_is_estimated`)."""
+    def pieces():
+        with open(path, "rb") as f:
+            while chunk := f.read(_GZIP_PIECE):
+                yield chunk
+
+    return _gzipped(pieces(), os.path.getsize(path))
+
+
+def gzip_is_estimated(size: int) -> bool:
+    """Whether the gzipped size of ``size`` bytes is estimated from a sample rather than exact."""
+    return size > GZIP_EXACT_MAX_BYTES
+
+
+def _gzipped(pieces: Iterable[bytes], total: int) -> int:
+    """gzip bytes of the concatenated ``pieces`` (``total`` bytes in all): one stream when exact, else every n-th
+    piece compressed on its own and the sum scaled to ``total``."""
+    stride = max(1, math.ceil(total / GZIP_EXACT_MAX_BYTES))
+    if stride == 1:
+        compressor = _gzip_compressor()
+        return sum(len(compressor.compress(piece)) for piece in pieces) + len(compressor.flush())
+    sampled = compressed = 0
+    for index, piece in enumerate(_split(pieces)):
+        if index % stride == 0:
+            compressor = _gzip_compressor()
+            compressed += len(compressor.compress(piece)) + len(compressor.flush())
+            sampled += len(piece)
+    return round(compressed * total / max(sampled, 1))
+
+
+def _split(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    for piece in pieces:
+        for start in range(0, len(piece), _GZIP_PIECE):
+            yield piece[start:start + _GZIP_PIECE]
 
 
 def weights_sizes(model: nn.Module) -> dict[str, int]:
     """Raw and compressed bytes of a model's parameters and buffers (as fp32/their dtype, contiguous).
 
     Returns:
-        ``{"weights": raw bytes, "weights_gzip": bytes after gzip at its default level}``.
+        ``{"weights": raw bytes, "weights_gzip": bytes after gzip at its default level}`` (estimated from a sample
+        above :data:`GZIP_EXACT_MAX_BYTES`).
     """
     import torch
 
     from optkit.io.checkpoint import unwrap
 
-    compressor = _gzip_compressor()
-    raw = compressed = 0
-    for tensor in unwrap(model).state_dict().values():
-        # As raw bytes: numpy has no bfloat16, and one tensor at a time is all this holds.
-        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        raw += len(data)
-        compressed += len(compressor.compress(data))
-    compressed += len(compressor.flush())
-    return {"weights": raw, "weights_gzip": compressed}
+    tensors = list(unwrap(model).state_dict().values())
+    raw = sum(t.numel() * t.element_size() for t in tensors)
+    # As raw bytes: numpy has no bfloat16, and one tensor at a time is all this holds.
+    pieces = (t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)
+    return {"weights": raw, "weights_gzip": _gzipped(pieces, raw)}
 
 
 def _gzip_compressor():
