@@ -114,7 +114,8 @@ EXTRAPOLATE = {
                               num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
                               tie_word_embeddings=False),
 }
-VARIANTS = {"default": [], "no-latency": ["--no-latency"]}
+VARIANTS = {"default": [], "no-latency": ["--no-latency"],
+            "export": ["--export", "onnx", "--no-latency"]}
 # Memory-model constants: calibration as optkit reads it (calibration_batches x batch_size sequences of the
 # input shape's length) and as the field usually calibrates (128 sequences of 2048 tokens).
 CALIBRATIONS = {"optkit default": None, "128 × 2048": (128, 2048)}
@@ -824,7 +825,8 @@ def main() -> None:
     parser.add_argument("--wide-blocks", type=lambda v: [int(x) for x in v.split(",")], default=[2],
                         help="blocks the 8B-wide model is truncated to, 2..4, comma-separated (default: 2)")
     parser.add_argument("--variants", type=lambda v: v.split(","), default=["default"],
-                        help="comma-separated: default (the user's command) and/or no-latency (adds --no-latency)")
+                        help="comma-separated: default (the user's command), no-latency (adds --no-latency) and/or export "
+                        "(adds --export onnx --no-latency: the ONNX export and its check)")
     parser.add_argument("--optkit-root", type=Path, default=ROOT,
                         help="checkout whose optkit the runs import (PYTHONPATH and working directory; "
                              "default: this repository)")
