@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -64,10 +65,18 @@ def count_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
     by the batch and others not, so a larger batch gives neither the per-sample
     nor the whole-batch count).
     """
-    import torch_pruning as tp
+    import types
+    from unittest import mock
 
+    import torch_pruning as tp
+    from torch_pruning.utils import op_counter
+
+    # The counter deep-copies the model to hang its hooks on; the copy's modules are new but its parameters and
+    # buffers are the model's own, so counting a 16 GB model does not hold a second 16 GB.
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    sharing = types.SimpleNamespace(deepcopy=lambda module: copy.deepcopy(module, dict(shared)))
     # The counter puts the model in eval mode itself; eval_mode restores the caller's mode.
-    with eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad(), mock.patch.object(op_counter, "copy", sharing):
         inputs = example_inputs(model, (1, *input_shape[1:]))
         # The counter prints a warning for keyword-only calls (a token model's); the count is right.
         with contextlib.redirect_stdout(io.StringIO()):

@@ -263,3 +263,24 @@ def test_a_transformer_target_prune_with_an_even_split_names_the_mix_allocation(
                           [PassRecord("structured_prune", 1.0, step, details)])
         notes = build_report(run, model="m", input_shape=(1, 128))["notes"]
         assert any("splits the cut between them by validation perplexity" in n for n in notes) == hinted
+
+
+def test_counting_macs_shares_the_models_weights_and_leaves_no_hooks():
+    """torch-pruning's counter deep-copies the model it counts: a 1.2 B model's load peaked at twice its size."""
+    from optkit.model.stats import count_macs
+
+    model = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 10))
+    copies = []
+
+    def spying(real):
+        def spy(tensor, memo):
+            copies.append(tensor.numel())
+            return real(tensor, memo)
+        return spy
+
+    with pytest.MonkeyPatch.context() as patch:
+        for cls in (torch.Tensor, nn.Parameter):
+            patch.setattr(cls, "__deepcopy__", spying(cls.__deepcopy__))
+        assert count_macs(model, (1, 64)) == 64 * 4096 + 4096 + 4096 * 10 + 10 + 4096  # linear MACs + biases + ReLU
+    assert sum(copies) < 1000  # nothing of the weights' 300 k values was copied
+    assert not any(hasattr(m, "__flops__") for m in model.modules())
