@@ -79,9 +79,11 @@ def perplexity(model: torch.nn.Module, blocks: list[dict[str, torch.Tensor]]) ->
     return math.exp(nll / count), hits / count
 
 
-def split_blocks(model: torch.nn.Module, split: str, batch_size: int = 32) -> list[dict[str, torch.Tensor]]:
+def split_blocks(model: torch.nn.Module, split: str, batch_size: int = 32,
+                 data: str = "text") -> list[dict[str, torch.Tensor]]:
+    """Every block of ``split`` of the text spec ``data``, in batches of ``batch_size``."""
     config = model.config
-    ids, mask = DataReaders(model).token_blocks("text", split, SEQ_LEN, 10 ** 9, vocab_size=config.vocab_size,
+    ids, mask = DataReaders(model).token_blocks(data, split, SEQ_LEN, 10 ** 9, vocab_size=config.vocab_size,
                                                 max_positions=config.max_position_embeddings)
     return [{"input_ids": ids[i:i + batch_size], "attention_mask": mask[i:i + batch_size]}
             for i in range(0, len(ids), batch_size)]

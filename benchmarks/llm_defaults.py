@@ -33,9 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _results import destination, partial_options  # noqa: E402
-from llm import MODEL, RESULTS, ROOT, SEQ_LEN, params, perplexity  # noqa: E402
+from llm import MODEL, RESULTS, ROOT, SEQ_LEN, params, perplexity, split_blocks  # noqa: E402
 
-from optkit.analysis.evaluation import DataReaders  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
 from optkit.io.models import load_model  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
@@ -56,14 +55,6 @@ TIME_BUDGET = 3.0
 MARGIN = 0.005
 
 
-def blocks(model: torch.nn.Module, data: str, split: str, batch_size: int = 32) -> list[dict[str, torch.Tensor]]:
-    config = model.config
-    ids, mask = DataReaders(model).token_blocks(data, split, SEQ_LEN, 10 ** 9, vocab_size=config.vocab_size,
-                                                max_positions=config.max_position_embeddings)
-    return [{"input_ids": ids[i:i + batch_size], "attention_mask": mask[i:i + batch_size]}
-            for i in range(0, len(ids), batch_size)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(MODEL), help="a Hugging Face folder (default: the shipped model)")
@@ -77,7 +68,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     original = load_model(args.model).eval()
-    splits = {split: blocks(original, args.data, split) for split in ("val", "test")}
+    splits = {split: split_blocks(original, split, data=args.data) for split in ("val", "test")}
     base = {split: perplexity(original, b)[0] for split, b in splits.items()}
     rows = []
     for fraction in args.fractions:

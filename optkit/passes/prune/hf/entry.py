@@ -79,9 +79,7 @@ def first_block(model: nn.Module, keywords: dict[str, Any]) -> Block | None:
 
 def _chained(model: nn.Module, blocks: nn.ModuleList, keywords: dict[str, Any]) -> bool:
     """Whether each block's first input is the previous block's output (one residual stream, no skips)."""
-    import torch
-
-    from optkit.passes.prune.hf.structure import without_cache
+    from optkit.passes.prune.hf.structure import run_hooked
 
     if len(blocks) < 2:
         return True
@@ -101,12 +99,7 @@ def _chained(model: nn.Module, blocks: nn.ModuleList, keywords: dict[str, Any]) 
     for index, block in enumerate(blocks):
         handles.append(block.register_forward_hook(output(index)))
         handles.append(block.register_forward_pre_hook(given(index), with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(**without_cache(model, keywords))
-    finally:
-        for handle in handles:
-            handle.remove()
+    run_hooked(model, keywords, handles)
     return all(seen.get(("in", i + 1)) is seen.get(("out", i)) and seen.get(("out", i)) is not None
                for i in range(len(blocks) - 1))
 

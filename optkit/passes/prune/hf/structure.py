@@ -300,12 +300,7 @@ def trace(model: nn.Module, inputs: dict[str, Any], blocks: list[Block]) -> dict
             if isinstance(weight, torch.Tensor) and weight.dim() == 2 and not isinstance(module, nn.Embedding):
                 hook = record_layer(calls[id(block.module)], seen, module, f"{block.path}.{name}")
                 handles.append(module.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(**without_cache(model, inputs))
-    finally:
-        for handle in handles:
-            handle.remove()
+    run_hooked(model, inputs, handles)
     return calls
 
 
@@ -349,3 +344,14 @@ def without_cache(model: nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
     if "use_cache" in inspect.signature(model.forward).parameters and "use_cache" not in inputs:
         return {**inputs, "use_cache": False}
     return inputs
+
+
+def run_hooked(model: nn.Module, inputs: dict[str, Any], handles: list[Any]) -> None:
+    """Run ``model`` once on ``inputs`` (no gradients, no cache), then remove ``handles``, the hooks that record
+    what it computed."""
+    try:
+        with torch.no_grad():
+            model(**without_cache(model, inputs))
+    finally:
+        for handle in handles:
+            handle.remove()

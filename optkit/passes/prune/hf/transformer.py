@@ -37,8 +37,8 @@ from optkit.passes.prune.hf import hidden as hidden_size
 from optkit.passes.prune.hf.importance import Activations, channel_scores, dim_scores, expert_scores, head_scores
 from optkit.passes.prune.hf.parse import dims_permute_freely, parse_block
 from optkit.passes.prune.hf.structure import (
-    HEAD_FIELDS, HIDDEN_FIELDS, KV_FIELDS, LAYER_FIELDS, Block, Mlp, config_int, find_block_lists, trace,
-    without_cache,
+    HEAD_FIELDS, HIDDEN_FIELDS, KV_FIELDS, LAYER_FIELDS, Block, Mlp, config_int, find_block_lists, run_hooked,
+    trace,
 )
 
 # _commit with the example inputs bound
@@ -334,12 +334,7 @@ def _shared_inputs(model: nn.Module, inputs: dict[str, Any], blocks: list[Block]
             found.setdefault((block.path, key), value.detach().clone() if isinstance(value, torch.Tensor) else None)
 
     handles = [b.module.register_forward_pre_hook(hook, with_kwargs=True) for b in blocks if wanted[id(b.module)][1]]
-    try:
-        with torch.no_grad():
-            model(**without_cache(model, inputs))
-    finally:
-        for handle in handles:
-            handle.remove()
+    run_hooked(model, inputs, handles)
     return found
 
 
