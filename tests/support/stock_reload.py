@@ -13,15 +13,15 @@ def pixels() -> torch.Tensor:
     return torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
 
 
-def assert_stock_class_reloads(pruned, stock_class, folder) -> None:
+def assert_stock_class_reloads(pruned, stock_class, folder, inputs: dict | None = None, atol: float = 1e-5) -> None:
     """``save_pretrained`` then ``stock_class.from_pretrained``: no missing, unexpected or mis-shaped keys, and the
-    reload's logits equal the pruned model's to 1e-5."""
+    reload's logits equal the pruned model's to ``atol`` on ``inputs`` (default: :func:`pixels`)."""
     pruned.save_pretrained(folder)
     stock, info = stock_class.from_pretrained(folder, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    inputs = inputs if inputs is not None else {"pixel_values": pixels()}
     with torch.no_grad():
-        torch.testing.assert_close(stock.eval()(pixel_values=pixels()).logits, pruned(pixel_values=pixels()).logits,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(stock.eval()(**inputs).logits, pruned(**inputs).logits, atol=atol, rtol=0)
 
 
 def tiny_swin(config_class=None, model_class=None):

@@ -45,12 +45,7 @@ def _ids() -> torch.Tensor:
 
 def _reloads(model, model_class, folder) -> None:
     """The stock class loads ``model``'s folder with every key in place and the same logits (1e-4)."""
-    model.save_pretrained(folder)
-    stock, info = model_class.from_pretrained(folder, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        torch.testing.assert_close(stock.eval()(input_ids=_ids()).logits, model(input_ids=_ids()).logits,
-                                   atol=1e-4, rtol=0)
+    assert_stock_class_reloads(model, model_class, folder, inputs={"input_ids": _ids()}, atol=1e-4)
 
 
 def _columns_from(new: torch.Tensor, old: torch.Tensor) -> list[int]:
