@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from optkit.core.errors import ModelLoadError, UntrustedPickleError, first_line
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 __all__ = ["HF_PREFIX", "PRETRAINED_FILES", "build_from_config", "hf_folder", "is_hf_spec", "load_folder",
@@ -278,7 +279,6 @@ def _compare_written(model: nn.Module, folder: Path) -> bool:
     written tensor equals the model's of the same name, and every weight not written is tied to one that is.
     ``False`` when the names differ (a class that renames weights on saving): the caller reloads instead."""
     import torch
-    from safetensors import safe_open
 
     state = model.state_dict()
     index = folder / SAFETENSORS_INDEX
@@ -286,15 +286,39 @@ def _compare_written(model: nn.Module, folder: Path) -> bool:
              else [SAFETENSORS])
     written: set[str] = set()
     for name in files:
-        with safe_open(str(folder / name), framework="pt") as f:
-            for key in f.keys():
-                if key not in state:
-                    return False
-                if not torch.equal(f.get_tensor(key), state[key].detach().cpu()):
-                    raise ValueError(f"the written {key} differs from the model's")
-                written.add(key)
+        for key, tensor in _read_safetensors(folder / name):
+            if key not in state:
+                return False
+            if not torch.equal(tensor, state[key].detach().cpu()):
+                raise ValueError(f"the written {key} differs from the model's")
+            written.add(key)
     pointers = {state[key].data_ptr() for key in written}
     return all(key in written or state[key].data_ptr() in pointers for key in state)
+
+
+def _read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of a safetensors file, read (not memory-mapped) one at a time: checking a written model then
+    holds one tensor, not the file's pages."""
+    import torch
+
+    dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        start = 8 + size
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            f.seek(start + begin)
+            data = bytearray(f.read(end - begin))
+            if entry["dtype"] not in dtypes:
+                raise ValueError(f"{path.name}: {key} has dtype {entry['dtype']}, which is not compared here")
+            flat = torch.frombuffer(data, dtype=dtypes[entry["dtype"]]) if data else \
+                torch.empty(0, dtype=dtypes[entry["dtype"]])
+            yield key, flat.reshape(entry["shape"])
 
 
 def _name_stock_class(config_file: Path, stock: type) -> None:
