@@ -38,6 +38,12 @@ class Progress:
         self._last = now
         sink(self.line(now, detail))
 
+    def finish(self) -> None:
+        """The work ended before ``total`` steps (it had measured enough): what was done is the total; show it."""
+        self.total = self.done
+        self._last = -INTERVAL_S
+        self.step(0)
+
     def line(self, now: float, detail: str = "") -> str:
         """``stage: what done/total, elapsed s, about N s left (detail)``."""
         elapsed = now - self._start

@@ -37,6 +37,8 @@ FILE_SUFFIX = ".decode.onnx"
 #: Tokens of the prompt before the timed decode steps, and the steps timed per round.
 PROMPT_TOKENS = 128
 DECODE_STEPS = 32
+#: Seconds of timed PyTorch decode steps after which :func:`torch_decode_speed` takes no further rounds.
+ENOUGH_S = 3.0
 #: Traced with several new tokens on a non-empty cache, so that neither count is baked into the graph.
 TRACE_NEW, TRACE_PAST = 3, 5
 DEFAULT_RTOL = 1e-3
@@ -420,20 +422,29 @@ def _generate_torch(model: nn.Module, prompt: list[int] | torch.Tensor, tokens: 
 
 
 def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, steps: int = DECODE_STEPS,
-                       rounds: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Decode speed of a causal LM in PyTorch eager at batch 1, with its own KV cache, on the model's device."""
+                       rounds: int = 3, seed: int = 0, enough_s: float | None = ENOUGH_S) -> dict[str, Any]:
+    """Decode speed of a causal LM in PyTorch eager at batch 1, with its own KV cache, on the model's device.
+
+    A warm-up generation of a quarter of ``steps``, then up to ``rounds`` timed generations of ``steps``
+    one-token steps each; the timed rounds stop once ``enough_s`` seconds of steps are timed (``None``: all
+    rounds), so a billion-parameter model, whose steps take a tenth of a second or more, is timed in seconds.
+    """
     import torch
 
     from optkit.kinds.tokens import vocab_size
 
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab_size(model), (prompt_tokens,), generator=generator)
-    count = progress("generation", "PyTorch decode steps timed", (rounds + 1) * steps)
+    warmup = max(1, steps // 4)
+    count = progress("generation", "PyTorch decode steps timed", warmup + rounds * steps)
+    _generate_torch(model, prompt, warmup, timed=False, count=count)
     times: list[float] = []
-    for round_index in range(rounds + 1):
+    for _ in range(rounds):
         _, steps_ms = _generate_torch(model, prompt, steps, timed=True, count=count)
-        if round_index:
-            times += steps_ms
+        times += steps_ms
+        if enough_s is not None and sum(times) >= enough_s * 1e3:
+            break
+    count.finish()
     return _speed(times, torch.get_num_threads())
 
 

@@ -87,6 +87,29 @@ def test_decode_speeds_count_the_steps_they_time(tmp_path):
     assert speed["steps"] == 4 and speed["p90_ms"] >= speed["median_ms"] > 0
 
 
+def test_pytorch_decode_timing_stops_once_enough_steps_are_timed(monkeypatch):
+    from optkit.core.progress import show_progress
+
+    generations = []
+
+    def slow_steps(model, prompt, tokens, *, timed, count=None):
+        generations.append((tokens, timed))
+        count.step(tokens)
+        return [0] * tokens, [1000.0] * tokens if timed else []  # each step takes a second
+
+    monkeypatch.setattr(decode, "_generate_torch", slow_steps)
+    model = _llama(6, 2)
+    lines = []
+    with show_progress(lines.append):
+        speed = decode.torch_decode_speed(model, steps=4, rounds=3, enough_s=3.0)
+    assert generations == [(1, False), (4, True)]  # a quarter-length warm-up, then one round: 4 s >= 3 s
+    assert speed["steps"] == 4 and speed["tokens_per_s"] == pytest.approx(1.0)
+    assert lines[-1].startswith("generation: PyTorch decode steps timed 5/5")
+    generations.clear()
+    decode.torch_decode_speed(model, steps=4, rounds=3, enough_s=None)
+    assert generations == [(1, False), (4, True), (4, True), (4, True)]
+
+
 @pytest.fixture(scope="module")
 def lm_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lm") / "lm"
