@@ -30,6 +30,7 @@ from torch import nn
 
 from optkit.core.errors import OptkitError, first_line
 from optkit.core.progress import progress
+from optkit.model.pages import evict_clean, file_storages, release
 from optkit.passes.prune.hf.importance import channel_scores, head_scores
 from optkit.passes.prune.hf.parse import parse_block
 from optkit.passes.prune.hf.structure import (
@@ -243,8 +244,8 @@ class Sweep:
 
 def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, Any]], *,
                     device: torch.device | str | None = None,
-                    importance: str = "l1", refit: bool = True, inputs_from: str = "pruned",
-                    stage: str = "structured_prune") -> Sweep:
+                    importance: str = "l1", refit: bool = True, inputs_from: str = "unpruned",
+                    structure: Block | None = None, stage: str = "structured_prune") -> Sweep:
     """Cut ``plan`` in every block of ``model`` (in place), one block at a time on ``device``.
 
     Args:
@@ -255,6 +256,7 @@ def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, An
         importance: ``l1`` (weight norms) or ``activation`` (weight x input norm on ``batches``).
         refit: refit the layers that lose inputs by least squares on ``batches``.
         inputs_from: ``pruned`` (each block sees the pruned blocks' outputs) or ``unpruned``.
+        structure: the first block as :func:`parse_first` found it, where the caller has it already.
         stage: the name progress lines are shown under.
 
     Returns:
@@ -268,8 +270,9 @@ def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, An
     start = time.perf_counter()
     blocks = chained_blocks(model)
     target = torch.device(device) if device else device_of(model)
+    evict_clean(model)  # a memory-mapped checkpoint's pages come back one block at a time, as each is reached
     captured = capture_inputs(model, blocks, batches)
-    structure = parse_first(model, blocks, captured, target)
+    structure = structure or parse_first(model, blocks, captured, target)
     problem = check_plan(model, plan, structure)
     if problem is not None:
         attention = structure.attentions[0]
@@ -290,7 +293,7 @@ def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, An
             if refit:
                 errors = {}
                 for layer in narrowed(block):
-                    gram = stats.grams.get(layer.name)
+                    gram = stats.grams.pop(layer.name, None)  # freed once used
                     if gram is not None:
                         errors[layer.name] = refit_layer(layer, originals[id(layer)], kept[id(layer)], gram)
                         sweep.refitted.append(layer.name)
@@ -319,10 +322,17 @@ def chained_blocks(model: nn.Module) -> nn.ModuleList:
 
 
 def parse_first(model: nn.Module, blocks: nn.ModuleList, captured: Captured, device: torch.device) -> Block:
-    """The first block's units, found on an fp32 copy of it (the model is not changed)."""
+    """The first block's units, found on an fp32 copy of it (the model is not changed).
+
+    The copy is kept in the block's own dtype and place once parsed: what is read from it later is its layouts
+    and shapes (and a trial cut of them), so it need not hold a second fp32 block through a sweep.
+    """
     path = find_block_lists(model)[0][0]
+    home = next(blocks[0].parameters())
     copy_of_first = copy.deepcopy(blocks[0]).to(device=device, dtype=torch.float32)
-    return _parse(copy_of_first, f"{path}.0", captured, device, model.config)
+    structure = _parse(copy_of_first, f"{path}.0", captured, device, model.config)
+    copy_of_first.to(device=home.device, dtype=home.dtype)
+    return structure
 
 
 def _parse(module: nn.Module, path: str, captured: Captured, device: torch.device, config: Any,
@@ -332,21 +342,42 @@ def _parse(module: nn.Module, path: str, captured: Captured, device: torch.devic
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     block = Block(module, path)
     block.call = next(iter(captured.on(device)))
-    calls: list[tuple[Layer, torch.Tensor]] = []
-    seen: set[int] = set()
-    handles = []
-    for name, sub in module.named_modules():
-        weight = getattr(sub, "weight", None)
-        if isinstance(weight, torch.Tensor) and weight.dim() == 2 and not isinstance(sub, nn.Embedding):
-            handles.append(sub.register_forward_hook(record_layer(calls, seen, sub, f"{path}.{name}")))
-    try:
-        with torch.no_grad():
-            block.run()
-    finally:
-        for handle in handles:
-            handle.remove()
+    calls = _calls_like(module, path, like) if like is not None else None
+    if calls is None:
+        calls = []
+        seen: set[int] = set()
+        handles = []
+        for name, sub in module.named_modules():
+            weight = getattr(sub, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.dim() == 2 and not isinstance(sub, nn.Embedding):
+                handles.append(sub.register_forward_hook(record_layer(calls, seen, sub, f"{path}.{name}")))
+        try:
+            with torch.no_grad():
+                block.run()
+        finally:
+            for handle in handles:
+                handle.remove()
+    block.traced = [layer for layer, _ in calls]
     parse_block(block, calls, hidden, heads, kv, head_dim, like=like)
     return block
+
+
+def _calls_like(module: nn.Module, path: str, like: Block) -> list[tuple[Layer, None]] | None:
+    """The layers ``like``'s trace recorded, found by the same names and weight shapes in ``module`` (a block of the
+    same class calls them in the same order, so it need not be run to find them); ``None`` where one differs."""
+    calls = []
+    for layer in like.traced:
+        relative = layer.name[len(like.path) + 1:]
+        try:
+            sub = module.get_submodule(relative)
+        except AttributeError:
+            return None
+        shape = (layer.out_dim, layer.in_dim) if layer.out_axis == 0 else (layer.in_dim, layer.out_dim)
+        weight = getattr(sub, "weight", None)
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape:
+            return None
+        calls.append((Layer(sub, f"{path}.{relative}", layer.in_dim, layer.out_dim, layer.out_axis), None))
+    return calls
 
 
 def visit(module: nn.Module, path: str, captured: Captured, device: torch.device, config: Any,
@@ -355,7 +386,9 @@ def visit(module: nn.Module, path: str, captured: Captured, device: torch.device
     taken, not checked again); it must have the first block's units."""
     home = next(module.parameters())
     module._optkit_home = (home.device, home.dtype)
+    module._optkit_mapped = file_storages(module)
     module.to(device=device, dtype=torch.float32)
+    release(module._optkit_mapped)  # the checkpoint's pages of weights just copied are not read again
     block = _parse(module, path, captured, device, config, like=structure)
     if (len(block.attentions), len(block.mlps)) != (len(structure.attentions), len(structure.mlps)) or block.experts:
         leave(block)
@@ -369,6 +402,7 @@ def leave(block: Block) -> None:
     """Put a visited block back where it was, in the dtype it had."""
     home_device, home_dtype = block.module.__dict__.pop("_optkit_home")
     block.module.to(device=home_device, dtype=home_dtype)
+    release(block.module.__dict__.pop("_optkit_mapped"))  # an fp32 checkpoint's weights, replaced by the cut
     block.call = None
 
 
@@ -399,7 +433,10 @@ def statistics(block: Block, captured: Captured, device: torch.device, *, grams:
         counts[layer.name] = counts.get(layer.name, 0) + len(x)
         if grams and id(module) in narrowing:
             # fp32 sums (fp64 matmuls cost several times as much on CPUs); the solve itself runs in fp64.
-            gram[layer.name] = gram.get(layer.name, 0) + x.t() @ x
+            if layer.name in gram:
+                gram[layer.name].addmm_(x.t(), x)
+            else:
+                gram[layer.name] = x.t() @ x
 
     handles = [layer.module.register_forward_pre_hook(hook) for layer in layers.values()]
     produced = [] if keep_outputs else None
@@ -465,26 +502,41 @@ def cut(block: Block, plan: Plan, activations: dict[str, torch.Tensor] | None) -
 def refit_layer(layer: Layer, weight: torch.Tensor, kept: torch.Tensor, gram: torch.Tensor) -> float:
     """Refit ``layer`` (which kept input columns ``kept`` of ``weight``) to reproduce ``weight``'s outputs.
 
-    Solves ``G[K, K] W'^T = G[K, :] W^T`` for the input Gram matrix ``G`` (damped by :data:`DAMPING`).
+    Solves ``G[K, K] W'^T = G[K, :] W^T`` for the input Gram matrix ``G`` (damped by :data:`DAMPING`): the
+    right-hand side in fp32 (``G W^T`` once, its kept rows taken), the factorization and solve in fp64.
 
     Returns:
         the refitted layer's output error relative to the original output's energy, on the calibration inputs.
     """
-    full = (weight if layer.out_axis == 0 else weight.t()).double()  # out x in
-    gram = gram.to(device=full.device, dtype=torch.float64)
-    kept_gram = gram[kept][:, kept]
-    damped = kept_gram + torch.eye(len(kept), dtype=gram.dtype, device=gram.device) * DAMPING * \
-        kept_gram.diagonal().mean().clamp_min(1e-12)
-    factor, info = torch.linalg.cholesky_ex(damped)
-    rhs = gram[kept] @ full.t()
-    solved = (torch.cholesky_solve(rhs, factor) if int(info) == 0 else torch.linalg.solve(damped, rhs)).t()
+    full = (weight if layer.out_axis == 0 else weight.t()).float()  # out x in
+    gram = gram.to(device=full.device, dtype=torch.float32)
+    gram_weight = gram @ full.t()  # in x out: G W^T
+    energy = (full.t() * gram_weight).sum(dtype=torch.float64)  # tr(W G W^T)
+    rhs = gram_weight[kept].double()
+    del gram_weight
+    damped, damping = _damped(gram, kept)
+    info = torch.empty((), dtype=torch.int32, device=damped.device)
+    torch.linalg.cholesky_ex(damped, out=(damped, info))  # in place: one kept x kept matrix in fp64, not two
+    if int(info) == 0:
+        solved = torch.cholesky_solve(rhs, damped)  # kept x out
+    else:
+        solved = torch.linalg.solve(_damped(gram, kept)[0], rhs)
+    del damped
     target = layer.module.weight
     with torch.no_grad():
-        target.copy_((solved if layer.out_axis == 0 else solved.t()).to(target.dtype))
-    energy = torch.einsum("oi,ij,oj->", full, gram, full)
-    kept_part = solved @ gram[kept] @ full.t()
-    error = energy - 2 * kept_part.trace() + torch.einsum("oi,ij,oj->", solved, kept_gram, solved)
+        target.copy_((solved.t() if layer.out_axis == 0 else solved).to(target.dtype))
+    # With (G_KK + d I) S = R: tr(S^T G_KK S) = tr(S^T R) - d |S|^2, so the error needs no further products.
+    reached = (solved * rhs).sum()
+    error = energy - reached - damping * solved.pow(2).sum()
     return float(error.clamp_min(0) / energy.clamp_min(1e-30))
+
+
+def _damped(gram: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``G[K, K]`` in fp64 with :data:`DAMPING` of its mean diagonal added to the diagonal, and that amount."""
+    damped = gram[kept[:, None], kept].double()
+    damping = DAMPING * damped.diagonal().mean().clamp_min(1e-12)
+    damped.diagonal().add_(damping)
+    return damped, damping
 
 
 def _write_config(model: nn.Module, plan: Plan, structure: Block) -> None:

@@ -48,6 +48,7 @@ def val_rows(model: nn.Module, structure: Block, calibration: Sequence[dict[str,
     blocks = blockwise.chained_blocks(model)
     captured = blockwise.capture_inputs(model, blocks, [first])
     trial = copy.deepcopy(structure)
+    trial.module.to(device=device, dtype=torch.float32)  # timed as the sweep computes a block
     args, kwargs = next(iter(captured.on(device)))
     with torch.no_grad():
         trial.module(*args, **kwargs)  # warm up

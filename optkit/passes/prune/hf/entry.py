@@ -123,7 +123,8 @@ def prune_planned(model: nn.Module, spec: PruneSpec, plan: Plan, structure: Bloc
     attention = structure.attentions[0]
     before = _summary(model, attention.heads, attention.kv_heads, sorted(plan.mlp_keep))
     sweep = blockwise.prune_blockwise(model, plan, batches, importance=spec.importance, refit=refit,
-                                      inputs_from=spec.block_inputs, device=compute_device(model, spec))
+                                      inputs_from=spec.block_inputs, device=compute_device(model, spec),
+                                      structure=structure)
     after = _summary(model, plan.heads(), plan.kv_keep, sorted(plan.mlp_keep.values()))
     units = sweep.blocks * len(structure.attentions)
     after["attention_units"] = before["attention_units"] = units

@@ -269,6 +269,8 @@ class Block:
     bound: list[Attention] = field(default_factory=list)
     call: tuple[tuple, dict] | None = None
     skipped: list[str] = field(default_factory=list)
+    # the weight-2-D layers its trace recorded, in call order (a block built alike is parsed from them untraced)
+    traced: list[Layer] = field(default_factory=list)
 
     def run(self) -> torch.Tensor:
         """The block's first output on the inputs captured when it was traced."""
