@@ -44,7 +44,7 @@ VARIANTS = (
     ("allocation", "uniform", {"allocation": "uniform"}),
     ("importance", "l1", {"importance": "l1"}),
     ("importance", "activation", {"importance": "activation"}),
-    ("block inputs", "unpruned", {"block_inputs": "unpruned"}),
+    ("block inputs", "pruned", {"block_inputs": "pruned"}),
     ("calibration batches", "16", {"calibration_batches": 16}),
     ("refit", "off", {"bias_correction": False}),
 )

@@ -34,13 +34,13 @@ def test_a_bf16_language_model_is_pruned_block_by_block_to_its_target_and_stays_
     text.write_text("\n".join(f"Line {i}: the function returns a list of {i % 9} values." for i in range(800)))
     out = tmp_path / "out"
     result = runner.invoke(main, ["optimize", str(folder), "--target-params", "0.85", "--calib-data", f"text:{text}",
-                                  "--seq-len", "32", "--block-inputs", "unpruned", "--allocation", "uniform",
+                                  "--seq-len", "32", "--block-inputs", "pruned", "--allocation", "uniform",
                                   "--no-latency", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     prune = next(p for p in report["passes"] if p["name"] == "structured_prune")["details"]
     assert prune["transformer"]["engine"] == "blockwise"
-    assert prune["transformer"]["block_inputs"] == "unpruned"
+    assert prune["transformer"]["block_inputs"] == "pruned"
     assert prune["achieved_fraction"] == pytest.approx(0.85, abs=0.02)
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert next(reloaded.parameters()).dtype == torch.bfloat16

@@ -79,7 +79,7 @@ class PruneSpec:
     calibration_batches: int = 4
     batch_size: int = 16
     device: str | None = None
-    block_inputs: str = "pruned"
+    block_inputs: str = "unpruned"
 
     def uniform(self, ratio: float, round_to: int) -> Widths:
         """Every group loses ``ratio`` of its channels (the user's ``layer_ratios`` and ranking apply)."""
