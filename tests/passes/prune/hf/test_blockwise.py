@@ -108,6 +108,19 @@ def test_the_refit_error_is_the_measured_output_error():
     assert measured < 0.5 * dropped_only  # the refit recovers much of what the dropped inputs gave
 
 
+def test_gram_matrices_summed_tile_by_tile_equal_the_full_products():
+    torch.manual_seed(0)
+    width = 2 * blockwise.GRAM_TILE + 37  # three uneven tiles
+    batches = [torch.randn(300, width) * torch.linspace(0.1, 3.0, width) for _ in range(3)]
+    gram = torch.zeros(width, width)
+    for x in batches:
+        blockwise._add_upper_gram(gram, x)
+    blockwise._mirror_gram(gram)
+    expected = sum(x.double().t() @ x.double() for x in batches)
+    torch.testing.assert_close(gram.double(), expected, rtol=1e-5, atol=1e-3)
+    assert torch.equal(gram, gram.t())
+
+
 def test_a_plan_the_stock_class_cannot_describe_changes_nothing():
     model = _qwen()
     blocks = blockwise.chained_blocks(model)
