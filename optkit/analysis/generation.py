@@ -107,10 +107,11 @@ def _measure(model: nn.Module, prompt: list[int]) -> dict[str, Any]:
 
     from optkit.export import decode
 
-    speed, conditions = measured_steadily(lambda: decode.torch_decode_speed(model), threads=torch.get_num_threads(),
-                                          spreads=lambda s: [_spread(s)], retries=1)
+    ids = decode.generate_torch(model, prompt, SAMPLE_TOKENS)  # also the timing's warm-up
+    speed, conditions = measured_steadily(lambda: decode.torch_decode_speed(model, warmup=False),
+                                          threads=torch.get_num_threads(), spreads=lambda s: [_spread(s)], retries=1)
     speed["conditions"] = conditions.to_dict()
-    return {"speed": speed, "ids": decode.generate_torch(model, prompt, SAMPLE_TOKENS)}
+    return {"speed": speed, "ids": ids}
 
 
 def _spread(speed: dict[str, Any]) -> float:

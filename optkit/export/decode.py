@@ -39,6 +39,8 @@ PROMPT_TOKENS = 128
 DECODE_STEPS = 32
 #: Seconds of timed PyTorch decode steps after which :func:`torch_decode_speed` takes no further rounds.
 ENOUGH_S = 3.0
+#: The fewest steps :func:`torch_decode_speed` times before it may stop.
+MIN_TIMED_STEPS = 16
 #: Traced with several new tokens on a non-empty cache, so that neither count is baked into the graph.
 TRACE_NEW, TRACE_PAST = 3, 5
 DEFAULT_RTOL = 1e-3
@@ -391,9 +393,10 @@ def generate_torch(model: nn.Module, prompt: list[int], tokens: int) -> list[int
 
 
 def _generate_torch(model: nn.Module, prompt: list[int] | torch.Tensor, tokens: int, *,
-                    timed: bool, count=None) -> tuple[list[int], list[float]]:
+                    timed: bool, count=None, stop=None) -> tuple[list[int], list[float]]:
     """Greedy ids after ``prompt`` and, with ``timed``, the milliseconds of each one-token step (``count``: a
-    :class:`optkit.core.progress.Progress` stepped per token)."""
+    :class:`optkit.core.progress.Progress` stepped per token; ``stop``: called with the step times so far after
+    each step, ends the generation early when true)."""
     import torch
 
     device = next(model.parameters()).device
@@ -416,18 +419,22 @@ def _generate_torch(model: nn.Module, prompt: list[int] | torch.Tensor, tokens: 
                     times.append((time.perf_counter() - begin) * 1e3)
                 if count is not None:
                     count.step()
+                if stop is not None and stop(times):
+                    break
     finally:
         model.train(was_training)
     return generated, times
 
 
 def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, steps: int = DECODE_STEPS,
-                       rounds: int = 3, seed: int = 0, enough_s: float | None = ENOUGH_S) -> dict[str, Any]:
+                       rounds: int = 3, seed: int = 0, enough_s: float | None = ENOUGH_S,
+                       warmup: bool = True) -> dict[str, Any]:
     """Decode speed of a causal LM in PyTorch eager at batch 1, with its own KV cache, on the model's device.
 
-    A warm-up generation of a quarter of ``steps``, then up to ``rounds`` timed generations of ``steps``
-    one-token steps each; the timed rounds stop once ``enough_s`` seconds of steps are timed (``None``: all
-    rounds), so a billion-parameter model, whose steps take a tenth of a second or more, is timed in seconds.
+    A warm-up generation of a quarter of ``steps`` (``warmup=False``: the caller has just run the model), then
+    up to ``rounds`` timed generations of ``steps`` one-token steps each. Timing stops once ``enough_s`` seconds
+    of at least :data:`MIN_TIMED_STEPS` steps are timed (``None``: every step of every round), so a
+    billion-parameter model, whose steps take a tenth of a second or more, is timed in a few seconds.
     """
     import torch
 
@@ -435,14 +442,20 @@ def torch_decode_speed(model: nn.Module, *, prompt_tokens: int = PROMPT_TOKENS, 
 
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab_size(model), (prompt_tokens,), generator=generator)
-    warmup = max(1, steps // 4)
-    count = progress("generation", "PyTorch decode steps timed", warmup + rounds * steps)
-    _generate_torch(model, prompt, warmup, timed=False, count=count)
+    warmup_steps = max(1, steps // 4) if warmup else 0
+    count = progress("generation", "PyTorch decode steps timed", warmup_steps + rounds * steps)
+    if warmup_steps:
+        _generate_torch(model, prompt, warmup_steps, timed=False, count=count)
     times: list[float] = []
+
+    def enough(current: list[float]) -> bool:
+        return enough_s is not None and sum(times) + sum(current) >= enough_s * 1e3 and \
+            len(times) + len(current) >= MIN_TIMED_STEPS
+
     for _ in range(rounds):
-        _, steps_ms = _generate_torch(model, prompt, steps, timed=True, count=count)
+        _, steps_ms = _generate_torch(model, prompt, steps, timed=True, count=count, stop=enough)
         times += steps_ms
-        if enough_s is not None and sum(times) >= enough_s * 1e3:
+        if enough([]):
             break
     count.finish()
     return _speed(times, torch.get_num_threads())

@@ -91,23 +91,34 @@ def test_pytorch_decode_timing_stops_once_enough_steps_are_timed(monkeypatch):
     from optkit.core.progress import show_progress
 
     generations = []
+    step_ms = [100.0]
 
-    def slow_steps(model, prompt, tokens, *, timed, count=None):
-        generations.append((tokens, timed))
-        count.step(tokens)
-        return [0] * tokens, [1000.0] * tokens if timed else []  # each step takes a second
+    def timed_steps(model, prompt, tokens, *, timed, count=None, stop=None):
+        times = []
+        for _ in range(tokens):
+            times.append(step_ms[0]) if timed else None
+            count.step()
+            if stop is not None and stop(times):
+                break
+        generations.append((len(times) if timed else tokens, timed))
+        return [0] * tokens, times
 
-    monkeypatch.setattr(decode, "_generate_torch", slow_steps)
+    monkeypatch.setattr(decode, "_generate_torch", timed_steps)
     model = _llama(6, 2)
     lines = []
     with show_progress(lines.append):
-        speed = decode.torch_decode_speed(model, steps=4, rounds=3, enough_s=3.0)
-    assert generations == [(1, False), (4, True)]  # a quarter-length warm-up, then one round: 4 s >= 3 s
-    assert speed["steps"] == 4 and speed["tokens_per_s"] == pytest.approx(1.0)
-    assert lines[-1].startswith("generation: PyTorch decode steps timed 5/5")
+        speed = decode.torch_decode_speed(model, steps=32, rounds=3, enough_s=3.0)
+    assert generations == [(8, False), (30, True)]  # a quarter-length warm-up; 30 steps of 0.1 s reach 3 s
+    assert speed["steps"] == 30 and speed["tokens_per_s"] == pytest.approx(10.0)
+    assert lines[-1].startswith("generation: PyTorch decode steps timed 38/38")
     generations.clear()
-    decode.torch_decode_speed(model, steps=4, rounds=3, enough_s=None)
-    assert generations == [(1, False), (4, True), (4, True), (4, True)]
+    step_ms[0] = 1000.0  # 3 s after 3 steps, but at least MIN_TIMED_STEPS are timed
+    decode.torch_decode_speed(model, steps=10, rounds=3, enough_s=3.0, warmup=False)
+    assert generations == [(10, True), (decode.MIN_TIMED_STEPS - 10, True)]
+    generations.clear()
+    step_ms[0] = 0.1  # a small model times every step of every round
+    decode.torch_decode_speed(model, steps=4, rounds=3, enough_s=3.0, warmup=False)
+    assert generations == [(4, True)] * 3
 
 
 @pytest.fixture(scope="module")
