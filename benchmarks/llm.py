@@ -116,6 +116,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    out = destination(args.out, partial_options(parser, args, ["fractions", "methods"]))
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -151,9 +152,9 @@ def main() -> None:
                               "split": "train"},
               "blocks": {s: sum(len(b["input_ids"]) for b in blocks) for s, blocks in splits.items()},
               "machine": f"{platform.machine()}, torch {torch.__version__}", "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_text(args.out / "llm.json", json.dumps(record, indent=2) + "\n")
-    write_text(args.out / "llm.md", markdown(record))
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "llm.json", json.dumps(record, indent=2) + "\n")
+    write_text(out / "llm.md", markdown(record))
 
 
 def markdown(record: dict) -> str:

@@ -46,7 +46,7 @@ def test_the_probe_reports_the_original_before_and_the_result_after(quiet, monke
     torch_speeds = iter([dict(BEFORE), dict(AFTER)])
     samples = iter([[1, 2], [3, 4]])
     monkeypatch.setattr(decode, "unsupported", lambda model: None)
-    monkeypatch.setattr(decode, "torch_decode_speed", lambda model: next(torch_speeds))
+    monkeypatch.setattr(decode, "torch_decode_speed", lambda model, **settings: next(torch_speeds))
     monkeypatch.setattr(decode, "generate_torch", lambda model, prompt, tokens: next(samples))
     monkeypatch.setattr(decode, "onnx_decode_speed", lambda paths: [dict(ONNX_BEFORE), dict(ONNX_AFTER)])
     monkeypatch.setattr(decode, "generate_onnx", lambda path, prompt, tokens: [3, 4])

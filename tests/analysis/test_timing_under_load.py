@@ -123,7 +123,7 @@ def test_the_generation_probe_retries_pytorch_decode_timed_under_load(machine, m
     machine.loads = [BUSY, BUSY, QUIET, QUIET]
     speeds = iter([{"median_ms": 40.0, "p90_ms": 44.0, "tokens_per_s": 25.0, "threads": 2},
                    {"median_ms": 4.0, "p90_ms": 4.2, "tokens_per_s": 250.0, "threads": 2}])
-    monkeypatch.setattr(decode, "torch_decode_speed", lambda model: next(speeds))
+    monkeypatch.setattr(decode, "torch_decode_speed", lambda model, **settings: next(speeds))
     monkeypatch.setattr(decode, "generate_torch", lambda model, prompt, tokens: [1, 2])
     measured = generation._measure(nn.Linear(2, 2), [0])
     assert measured["speed"]["tokens_per_s"] == 250.0 and measured["speed"]["conditions"]["attempts"] == 2

@@ -174,9 +174,9 @@ class StructuredPrune(Pass):
                                     "read removed heads or MLP channels.")
     block_inputs: str = setting("unpruned", help="A transformer pruned block by block: each block's statistics and "
                                 "refit are taken on the outputs of the blocks before it as they were (unpruned) or "
-                                "as pruned (pruned). unpruned measured lower perplexity at 0.8 and 0.5 of the "
-                                "parameters and runs each block once instead of twice "
-                                "(benchmarks/results/llm-defaults-shipped.md).",
+                                "as pruned (pruned). See benchmarks/results/llm-defaults-shipped.md: unpruned "
+                                "measured lower perplexity at 0.8 and 0.5 of the parameters, and runs each block "
+                                "once instead of twice.",
                                 choices=BLOCK_INPUTS, flag="block-inputs")
     calibration_batches: int = setting(4, help="How many batches of data taylor importance, activation importance "
                                        "and a transformer's refit use.", low=1)
