@@ -44,6 +44,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import destination, partial_options  # noqa: E402
+
 from optkit.analysis.evaluation import DataReaders  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
 from optkit.io.models import load_model  # noqa: E402
