@@ -22,7 +22,7 @@ from optkit.core.memory import PeakRss, peak_rss
 from optkit.core.pipeline import Pipeline
 from optkit.export.onnx import export_onnx, weights_sizes
 from optkit.io import checkpoint, confirmed
-from optkit.io.hf import PRETRAINED_FILES
+from optkit.io.hf import PRETRAINED_FILES, safetensors_header
 from optkit.io.models import LoadedModel
 from optkit.io.outputs import StagedOutputs, prepare_output_dir, removed_if_left_empty, scratch_folder
 from optkit.kinds import ModelKind, kind_of
@@ -406,7 +406,7 @@ def _dtype_on_disk(folder: Path, written: list[str]) -> str | None:
         if not name.endswith(".safetensors"):
             continue
         with open(folder / name, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            header = safetensors_header(f)
         for key, entry in header.items():
             if key != "__metadata__" and entry["dtype"] in SAFETENSORS_FLOATS:
                 shape = entry["shape"]

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from optkit.core.errors import ModelLoadError, UntrustedPickleError, first_line
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["HF_PREFIX", "PRETRAINED_FILES", "build_from_config", "hf_folder", "is_hf_spec", "load_folder",
-           "save_pretrained_folder", "stock_class"]
+           "safetensors_header", "save_pretrained_folder", "stock_class"]
 
 HF_PREFIX = "hf:"
 CONFIG = "config.json"
@@ -296,6 +296,12 @@ def _compare_written(model: nn.Module, folder: Path) -> bool:
     return all(key in written or state[key].data_ptr() in pointers for key in state)
 
 
+def safetensors_header(file: BinaryIO) -> dict[str, Any]:
+    """The JSON header of an open safetensors file (its tensors' dtypes, shapes and offsets); the file is left
+    at the first tensor's bytes."""
+    return json.loads(file.read(int.from_bytes(file.read(8), "little")))
+
+
 def _read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Each tensor of a safetensors file, read (not memory-mapped) one at a time: checking a written model then
     holds one tensor, not the file's pages."""
@@ -305,9 +311,8 @@ def _read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
               "BOOL": torch.bool}
     with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-        start = 8 + size
+        header = safetensors_header(f)
+        start = f.tell()
         for key, entry in header.items():
             if key == "__metadata__":
                 continue

@@ -102,10 +102,7 @@ def evict_clean(module: nn.Module) -> int:
                 if clean and run_start is None:
                     run_start = index
                 elif not clean and run_start is not None:
-                    size = (index - run_start) * page
-                    if libc.madvise(ctypes.c_void_p((first + run_start) * page), ctypes.c_size_t(size),
-                                    _MADV_DONTNEED) == 0:
-                        dropped += size
+                    dropped += _drop(libc, (first + run_start) * page, (first + index) * page)
                     run_start = None
     finally:
         pagemap.close()
@@ -130,11 +127,16 @@ def release(storages: list[torch.UntypedStorage]) -> int:
             in_use.append(storage)  # held elsewhere (a view, a tied weight): its pages are still read
             continue
         # Whole pages only: the partial pages at either end may hold a neighbouring tensor's bytes.
-        start = -(-storage.data_ptr() // page) * page
-        end = (storage.data_ptr() + storage.nbytes()) // page * page
-        if end > start and libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) == 0:
-            released += end - start
+        released += _drop(libc, -(-storage.data_ptr() // page) * page,
+                          (storage.data_ptr() + storage.nbytes()) // page * page)
     storages[:] = in_use
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
     return released
+
+
+def _drop(libc: ctypes.CDLL, start: int, end: int) -> int:
+    """``madvise(MADV_DONTNEED)`` the pages in ``[start, end)`` (page-aligned); the bytes dropped."""
+    if end <= start or libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) != 0:
+        return 0
+    return end - start
