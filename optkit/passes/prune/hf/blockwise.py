@@ -167,8 +167,8 @@ def check_plan(model: nn.Module, plan: Plan, structure: Block) -> str | None:
     """``None`` when the stock class built from the edited config has exactly the shapes ``plan`` gives;
     else why not, in one line. Nothing of ``model`` changes.
 
-    ``structure`` is one parsed block (an fp32 copy of the model's first block); the plan is applied to a
-    copy of it, and every block is assumed to be built alike (they are instances of one class).
+    ``structure`` is one parsed block (the model's first); the plan is applied to a copy of its shapes on the meta
+    device, and every block is assumed to be built alike (they are instances of one class).
     """
     from optkit.io.hf import stock_class
 
@@ -213,8 +213,8 @@ def edited_config(config: Any, plan: Plan, structure: Block) -> Any:
 
 def _expected_shapes(model: nn.Module, plan: Plan, structure: Block) -> dict[str, tuple[int, ...]]:
     """Every parameter's shape once ``plan`` is cut in every block (block parameters by their name in a block)."""
-    trial = copy.deepcopy(structure)
-    cut(trial, plan, activations=None)
+    trial = _meta_copy(structure)
+    cut(trial, plan, activations=None, shapes_only=True)
     per_block = {n: tuple(p.shape) for n, p in trial.module.named_parameters(remove_duplicate=False)}
     shapes = {}
     lists = [name for name, _ in find_block_lists(model)]
@@ -504,26 +504,47 @@ def narrowed(block: Block) -> list[Layer]:
     return [*(a.o for a in block.attentions), *(m.down for m in block.mlps)]
 
 
-def cut(block: Block, plan: Plan, activations: dict[str, torch.Tensor] | None) -> dict[int, torch.Tensor]:
-    """Cut ``plan`` in ``block``'s units by importance; the input columns each narrowed layer keeps."""
+def cut(block: Block, plan: Plan, activations: dict[str, torch.Tensor] | None, *,
+        shapes_only: bool = False) -> dict[int, torch.Tensor]:
+    """Cut ``plan`` in ``block``'s units by importance; the input columns each narrowed layer keeps.
+
+    ``shapes_only`` keeps the first heads and channels instead of scoring them: the same shapes, without reading
+    a weight (for a copy on the meta device).
+    """
     kept: dict[int, torch.Tensor] = {}
     for attention in block.attentions:
-        group_score, q_score = head_scores(attention, activations)
+        group_score, q_score = (None, None) if shapes_only else head_scores(attention, activations)
         groups = attention.groups
         if plan.kv_keep < attention.kv_heads:
-            kept_kv = sorted(group_score.topk(plan.kv_keep).indices.tolist())
+            kept_kv = _top(group_score, plan.kv_keep)
             kept_q = [list(range(groups))] * plan.kv_keep
         else:
             kept_kv = list(range(attention.kv_heads))
-            kept_q = [sorted(q_score[i].topk(plan.q_keep).indices.tolist()) for i in kept_kv]
+            kept_q = [_top(None if q_score is None else q_score[i], plan.q_keep) for i in kept_kv]
         kept[id(attention.o)] = attention.o_cols(kept_kv, kept_q)
         attention.select(kept_kv, kept_q)
     for mlp in block.mlps:
         width = plan.mlp_keep.get(mlp.width, mlp.width)
-        channels = channel_scores(mlp, activations).topk(width).indices.sort().values
+        channels = (torch.arange(width) if shapes_only
+                    else channel_scores(mlp, activations).topk(width).indices.sort().values)
         kept[id(mlp.down)] = channels
         mlp.select(channels)
     return kept
+
+
+def _top(scores: torch.Tensor | None, count: int) -> list[int]:
+    """The positions of the ``count`` highest ``scores``, ascending; the first ``count`` positions without scores."""
+    return list(range(count)) if scores is None else sorted(scores.topk(count).indices.tolist())
+
+
+def _meta_copy(block: Block) -> Block:
+    """A copy of ``block`` whose module's parameters and buffers are on the meta device (shapes, no data)."""
+    memo: dict[int, Any] = {}
+    for param in block.module.parameters():
+        memo[id(param)] = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+    for buffer in block.module.buffers():
+        memo[id(buffer)] = buffer.to("meta")
+    return copy.deepcopy(block, memo)
 
 
 def refit_layer(layer: Layer, weight: torch.Tensor, kept: torch.Tensor, gram: torch.Tensor) -> float:

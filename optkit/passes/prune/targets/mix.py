@@ -58,10 +58,14 @@ def search(target: MixTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
         return count_macs(m, spec.input_shape) if target.measured == "macs" else count_params(m)
 
     original = measure(model)
-    val = load_eval_set(EvalSettings(data=spec.data, samples=VAL_BLOCKS), model, spec.input_shape, split="val")
+
+    def load_val() -> Any:
+        return load_eval_set(EvalSettings(data=spec.data, samples=VAL_BLOCKS), model, spec.input_shape, split="val")
+
     structure = first_block(model, example_keywords(model, spec)) if is_text(spec.data) and not spec.drop_blocks else None
     if structure is not None:
-        return _search_blockwise(target, spec, model, structure, val, measure, original)
+        return _search_blockwise(target, spec, model, structure, load_val, measure, original)
+    val = load_val()
     light = dataclasses.replace(spec, importance="l1", bias_correction=False, calibration=None, data=None)
 
     def pruned(heads: float, mlp: float, how: PruneSpec) -> tuple[Any, dict[str, Any]]:
@@ -127,10 +131,11 @@ def _intermediate(model: nn.Module) -> int | None:
                 None)
 
 
-def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, structure: Any, val: Any,
+def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, structure: Any, load_val: Any,
                       measure: Any, original: int) -> PassResult:
     """The mix search in bounded memory: plans sized on the meta device, scored together in one pass over the
-    blocks (:func:`~optkit.passes.prune.hf.candidates.score_plans`), the best cut in place."""
+    blocks (:func:`~optkit.passes.prune.hf.candidates.score_plans`), the best cut in place. The validation rows
+    are read (``load_val()``) only once the scoring is known to fit its time budget."""
     import torch
 
     from optkit.passes.prune.hf.candidates import MIN_ROWS, score_plans, val_rows
@@ -144,12 +149,13 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
     calibration = calibration_text(model, spec)
     refit = calibration is not None and spec.bias_correction
     device = compute_device(model, spec)
+    rows, estimate = val_rows(model, structure, calibration, len(plans), VAL_BLOCKS, SCORE_BUDGET_S, device)
+    if rows is None and target.measured_by_default:
+        return _uniform_instead(target, dataclasses.replace(spec, calibration=calibration), model, estimate, structure)
+    val = load_val()
     inputs = val.model_inputs()
     ids, mask = inputs.kwargs["input_ids"], inputs.kwargs["attention_mask"]
-    rows, estimate = val_rows(model, structure, calibration, len(plans), len(ids), SCORE_BUDGET_S, device)
-    if rows is None and target.measured_by_default:
-        return _uniform_instead(target, spec, model, estimate)
-    rows = rows or MIN_ROWS
+    rows = min(rows or MIN_ROWS, len(ids))
     with torch.no_grad():
         perplexities = score_plans(model, structure, [plan for plan, _ in plans], calibration,
                                    {"input_ids": ids[:rows], "attention_mask": mask[:rows]}, val.targets[:rows],
@@ -200,14 +206,16 @@ def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple
     return plans
 
 
-def _uniform_instead(target: MixTarget, spec: PruneSpec, model: nn.Module, estimate: float) -> PassResult:
+def _uniform_instead(target: MixTarget, spec: PruneSpec, model: nn.Module, estimate: float,
+                     structure: Any) -> PassResult:
     """The default allocation on a model too large to score its plans within :data:`SCORE_BUDGET_S`: the uniform
-    cut, with a note saying why and how to measure anyway."""
+    cut (of ``structure``, the first block as parsed here), with a note saying why and how to measure anyway."""
     from optkit.passes.prune.targets.configs import MacsTarget, ParamsTarget
     from optkit.passes.prune.targets.ratio import search as uniform_search
 
     kind = MacsTarget if target.measured == "macs" else ParamsTarget
-    result = uniform_search(kind(target.fraction, target.tolerance, target.round_to), spec, model)
+    result = uniform_search(kind(target.fraction, target.tolerance, target.round_to), spec, model,
+                            structure=structure)
     result.details["allocation"] = "uniform (split not measured: over its time budget)"
     result.details.setdefault("notes", []).insert(0, (
         f"structured_prune cut heads and MLP channels by the same share: measuring the split (the default for a "

@@ -51,7 +51,8 @@ def prune_at_ratio(target: RatioTarget, spec: PruneSpec, model: nn.Module) -> Pa
 
 
 @handles(MacsTarget, ParamsTarget)
-def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_round_to: bool = True) -> PassResult:
+def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_round_to: bool = True,
+           structure: Any = None) -> PassResult:
     """Prune copies of ``model`` at searched ratios until ``target``'s MACs or parameter fraction is met.
 
     When ``round_to`` makes the target unreachable within its tolerance
@@ -60,7 +61,8 @@ def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_
     next (:func:`_even_fill`); only if those miss too is the search repeated
     with ``round_to`` halved, down to 1 (unless ``refine_round_to`` is false),
     and the closest result kept; the details say so. A result still further than :data:`REPORT_TOLERANCE` from
-    the target gets a one-line note for the report.
+    the target gets a one-line note for the report. ``structure``: a transformer's first block, already parsed
+    (:func:`~optkit.passes.prune.hf.entry.first_block`) by a caller that has it.
 
     Returns:
         the best pruned copy, with details: ``target`` (``macs`` or
@@ -84,7 +86,7 @@ def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_
     tries: list[dict[str, Any]] = []
     round_to = target.round_to
     if _is_transformer(spec, model):
-        return _transformer_search(target, spec, model, fraction, tries)
+        return _transformer_search(target, spec, model, fraction, tries, structure)
     best = _bracket(spec, model, target, round_to, fraction, tries)
     if abs(best[0] - goal) > target.tolerance and round_to > 1:
         filled = _even_fill(spec, model, target, round_to, fraction, tries)
@@ -104,7 +106,7 @@ def search(target: FractionTarget, spec: PruneSpec, model: nn.Module, *, refine_
 
 
 def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Module,
-                        fraction: Callable[[nn.Module], float], tries: list) -> PassResult:
+                        fraction: Callable[[nn.Module], float], tries: list, structure: Any = None) -> PassResult:
     """A transformer is cut uniformly (whole heads, one MLP width for every block), so only the ratio is searched.
 
     Where the block-by-block prune takes the model, each ratio's size is read from the stock class built on
@@ -117,7 +119,8 @@ def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Modul
     from optkit.passes.prune.hf.calibration import example_keywords
     from optkit.passes.prune.hf.entry import first_block, prune_planned
 
-    structure = None if spec.drop_blocks else first_block(model, example_keywords(model, spec))
+    if structure is None and not spec.drop_blocks:
+        structure = first_block(model, example_keywords(model, spec))
     if structure is not None:
         plan, round_to = _planned_uniform(target, model, structure, tries)
         pruned = model

@@ -135,6 +135,23 @@ def test_a_plan_the_stock_class_cannot_describe_changes_nothing():
     assert model.config.num_attention_heads == 14
 
 
+@pytest.mark.parametrize("plan", [blockwise.Plan(kv_keep=1, q_keep=7, mlp_keep={288: 160}),
+                                  blockwise.Plan(kv_keep=2, q_keep=3, mlp_keep={288: 200})])
+def test_a_plan_is_checked_on_shapes_alone_and_they_are_the_shapes_of_the_model_cut_to_it(plan):
+    model = _qwen()
+    blocks = blockwise.chained_blocks(model)
+    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
+                                      torch.device("cpu"))
+    first = {n: p.clone() for n, p in structure.module.named_parameters()}
+    expected = blockwise._expected_shapes(model, plan, structure)
+    assert all(torch.equal(first[n], p) for n, p in structure.module.named_parameters())  # the block is as it was
+    assert structure.attentions[0].heads == 14 and structure.mlps[0].width == 288
+    assert blockwise.check_plan(model, plan, structure) is None
+    blockwise.prune_blockwise(model, plan, _batches(1))
+    assert expected == {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+    assert expected["model.layers.2.self_attn.q_proj.weight"] == (plan.heads() * 16, 112)
+
+
 def test_a_parameter_target_on_a_grouped_query_model_is_met_without_losing_a_kv_group():
     model = _qwen(layers=2)
     before = sum(p.numel() for p in model.parameters())

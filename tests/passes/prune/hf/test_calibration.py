@@ -179,14 +179,31 @@ def test_finetune_on_text_trains_a_causal_lm_on_the_next_token(tmp_path):
 
 
 def test_the_default_split_over_its_time_budget_cuts_uniformly_and_says_why(tmp_path, monkeypatch):
+    from optkit.analysis import evaluation
+    from optkit.passes.prune.hf import entry
     from optkit.passes.prune.hf.candidates import MIN_ROWS
+    from optkit.passes.prune.hf.entry import first_block
     from optkit.passes.prune.targets import mix
 
     model = _llama_with_the_shipped_tokenizer(tmp_path / "lm")
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(f"Line {i}: the function returns a list of {i % 9} values." for i in range(1500)))
     monkeypatch.setattr(mix, "SCORE_BUDGET_S", 0.0)
+    uniform = StructuredPrune(target_params=0.9, data=f"text:{text}", input_shape=(1, 32),
+                              allocation="uniform").apply(copy.deepcopy(model)).model
+    parsed = []
+    monkeypatch.setattr(entry, "first_block", lambda *a: parsed.append(1) or first_block(*a))
+
+    def no_val(*args, **kwargs):
+        raise AssertionError("the validation split was read for a split that is not measured")
+
+    monkeypatch.setattr(evaluation, "load_eval_set", no_val)
     by_default = StructuredPrune(target_params=0.9, data=f"text:{text}", input_shape=(1, 32)).apply(copy.deepcopy(model))
+    assert len(parsed) == 1  # the first block parsed once, for the estimate and the cut
+    after = by_default.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in uniform.state_dict().items())  # the uniform allocation's cut
+    monkeypatch.undo()
+    monkeypatch.setattr(mix, "SCORE_BUDGET_S", 0.0)
     assert "candidates" not in by_default.details
     assert by_default.details["notes"][0].startswith("structured_prune cut heads and MLP channels by the same share: "
                                                      "measuring the split")
