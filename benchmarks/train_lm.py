@@ -15,6 +15,11 @@ Usage (needs `apt-get install python3.11-doc`, which `make data` runs):
 
 Writes the model and its tokenizer to optkit/demo/python_docs_lm/ (save_pretrained, with
 the results as its README.md), and benchmarks/results/train-lm.json and train-lm.md.
+
+A differently trained model, to check that what is measured on the shipped one holds elsewhere (other text,
+shape and seed), goes to a folder of its own, with its results as its README.md:
+
+    python benchmarks/train_lm.py --data text:DIR --out DIR --seed 1 --sizes hidden_size=192,num_attention_heads=6
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ from optkit.data.text import load_tokenizer, read_documents, token_blocks, token
 
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "optkit" / "demo" / "python_docs_lm"
-SPEC_ARG = ""  # the `text` spec: the Python documentation
 END_OF_TEXT = "<|endoftext|>"
 VOCAB_SIZE = 4096
 MODEL_SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
@@ -57,7 +61,7 @@ WEIGHT_DECAY = 0.1
 SEED = 0
 
 
-def train_tokenizer(documents: list[str], folder: Path):
+def train_tokenizer(documents: list[str], folder: Path, max_length: int = MODEL_SIZES["max_position_embeddings"]):
     """A byte-level BPE tokenizer trained on ``documents``, saved in ``folder`` and read back as ``AutoTokenizer`` does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -69,18 +73,18 @@ def train_tokenizer(documents: list[str], folder: Path):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(documents, trainer)
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=END_OF_TEXT, eos_token=END_OF_TEXT,
-                                      pad_token=END_OF_TEXT, model_max_length=MODEL_SIZES["max_position_embeddings"])
+                                      pad_token=END_OF_TEXT, model_max_length=max_length)
     wrapped.save_pretrained(str(folder))
     return load_tokenizer(folder)
 
 
-def build_model(tokenizer):
-    """The Llama-style causal LM, with fresh weights."""
+def build_model(tokenizer, sizes: dict[str, int]):
+    """The Llama-style causal LM of ``sizes`` (:data:`MODEL_SIZES`' keys), with fresh weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     eot = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
     config = LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=eot, eos_token_id=eot,
-                         pad_token_id=eot, rope_theta=10000.0, **MODEL_SIZES)
+                         pad_token_id=eot, rope_theta=10000.0, **sizes)
     return LlamaForCausalLM(config)
 
 
@@ -90,6 +94,25 @@ def optimizer_for(model: torch.nn.Module) -> torch.optim.AdamW:
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=PEAK_LR, betas=(0.9, 0.95))
+
+
+def model_sizes(text: str) -> dict[str, int]:
+    """``--sizes``: ``KEY=N,...`` over :data:`MODEL_SIZES` (argparse reports a bad key or number)."""
+    sizes = dict(MODEL_SIZES)
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in MODEL_SIZES or not value.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=N with KEY one of {', '.join(MODEL_SIZES)}")
+        sizes[key] = int(value)
+    return sizes
+
+
+def text_spec(data: str) -> str:
+    """What follows ``text:`` in ``data`` (``""`` for the Python documentation)."""
+    kind, _, arg = data.partition(":")
+    if kind != "text":
+        raise SystemExit(f"--data must be a text spec (text or text:FILE or text:DIR); got {data!r}")
+    return arg
 
 
 def learning_rate(progress: float, step: int) -> float:
@@ -103,9 +126,9 @@ def learning_rate(progress: float, step: int) -> float:
     return PEAK_LR * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train(model, ids: torch.Tensor, max_steps: int, seconds: float, log) -> dict:
+def train(model, ids: torch.Tensor, max_steps: int, seconds: float, log, seed: int = SEED) -> dict:
     """AdamW on random windows of the training tokens, bf16 autocast on the CPU, for ``seconds`` (or ``max_steps``)."""
-    generator = torch.Generator().manual_seed(SEED)
+    generator = torch.Generator().manual_seed(seed)
     optimizer = optimizer_for(model)
     model.train()
     losses, start, step = [], time.perf_counter(), 0
@@ -162,11 +185,11 @@ def unigram_perplexity(train_ids: torch.Tensor, blocks, vocab: int) -> float:
 
 def to_markdown(report: dict) -> str:
     model, training = report["model"], report["training"]
-    lines = ["# The shipped language model: optkit/demo/python_docs_lm", "", f"Command: `{report['command']}`", "",
+    lines = [f"# {report['title']}", "", f"Command: `{report['command']}`", "",
              f"Measured {report['date']} on this machine's CPU ({report['threads']} threads); torch "
              f"{report['versions']['torch']}, transformers {report['versions']['transformers']}, tokenizers "
              f"{report['versions']['tokenizers']}.", "",
-             f"Data: the `text` spec (Python 3.11 documentation sources, split by file): "
+             f"Data: `{report['data_spec']}` (split by file): "
              + ", ".join(f"{s} {d['files']} files / {d['characters']:,} characters / {d['tokens']:,} tokens"
                          for s, d in report["data"].items()) + ".", "",
              f"Tokenizer: byte-level BPE, {report['tokenizer']['vocab_size']:,} tokens, trained in "
@@ -199,34 +222,43 @@ def main() -> None:
     # On a busy machine one thread trains faster than two: with the cores oversubscribed, each
     # of torch's threads waits for the other at every op (measured: 1.7 s vs 7.3 s per step).
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 when other work keeps the cores busy).")
+    parser.add_argument("--data", default="text", help="the text data spec to train on (default: %(default)s, the "
+                        "Python documentation)")
+    parser.add_argument("--out", type=Path, default=OUT, help="the model's folder (default: the shipped model's)")
+    parser.add_argument("--seed", type=int, default=SEED, help="seed of the weights and of the training windows")
+    parser.add_argument("--sizes", type=model_sizes, default=MODEL_SIZES,
+                        help="comma-separated KEY=N overriding the shipped model's sizes, e.g. hidden_size=192")
     args = parser.parse_args()
-    # A shorter training than the shipped model's: its model and results go elsewhere (see _results.py).
-    partial = partial_options(parser, args, ["minutes", "max_steps"])
-    out, results = destination(OUT, partial, committed=OUT), destination(RESULTS, partial)
+    spec = text_spec(args.data)
+    # Not the shipped model's training: its model and results go elsewhere (see _results.py).
+    partial = partial_options(parser, args, ["minutes", "max_steps", "data", "seed", "sizes"])
+    out, results = destination(args.out, partial, committed=OUT), destination(RESULTS, partial)
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").exists():
+        raise SystemExit(f"{out} holds files that are not a model this script wrote; give an empty or new --out")
     torch.set_num_threads(args.threads)
-    torch.manual_seed(SEED)
+    torch.manual_seed(args.seed)
     start = time.perf_counter()
 
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - start:6.0f} s] {line}", flush=True)
 
-    documents = {split: read_documents(SPEC_ARG, split) for split in ("train", "val", "test")}
+    documents = {split: read_documents(spec, split) for split in ("train", "val", "test")}
     with tempfile.TemporaryDirectory(prefix="optkit-lm-") as scratch:
         folder = Path(scratch)
         tokenizer_start = time.perf_counter()
-        tokenizer = train_tokenizer(documents["train"], folder)
+        tokenizer = train_tokenizer(documents["train"], folder, args.sizes["max_position_embeddings"])
         tokenizer_seconds = round(time.perf_counter() - tokenizer_start, 1)
         log(f"tokenizer: {len(tokenizer)} tokens in {tokenizer_seconds} s")
         train_ids = torch.tensor(tokenize(tokenizer, documents["train"]), dtype=torch.long)
-        model = build_model(tokenizer)
+        model = build_model(tokenizer, args.sizes)
         parameters = sum(p.numel() for p in model.parameters())
         log(f"model: {parameters:,} parameters; {len(train_ids):,} training tokens")
-        training = train(model, train_ids, args.max_steps, args.minutes * 60, log)
+        training = train(model, train_ids, args.max_steps, args.minutes * 60, log, args.seed)
         model.save_pretrained(str(folder), safe_serialization=True)
         scores = []
         for split in ("val", "test"):
             for seq_len in EVAL_SEQ_LENS:
-                blocks = token_blocks(SPEC_ARG, split, folder, seq_len)
+                blocks = token_blocks(spec, split, folder, seq_len)
                 row = {"split": split, "seq_len": seq_len, **evaluate(model, blocks),
                        "unigram_perplexity": unigram_perplexity(train_ids, blocks, len(tokenizer))}
                 scores.append(row)
@@ -244,6 +276,9 @@ def main() -> None:
 
     report = {
         "command": "python " + " ".join(["benchmarks/train_lm.py", *sys.argv[1:]]),
+        "title": ("The shipped language model: optkit/demo/python_docs_lm" if not partial
+                  else f"A language model trained by benchmarks/train_lm.py: {out}"),
+        "data_spec": args.data,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
@@ -252,7 +287,7 @@ def main() -> None:
         "data": data,
         "tokenizer": {"kind": "byte-level BPE", "vocab_size": len(tokenizer), "seconds": tokenizer_seconds},
         "model": {"class": "LlamaForCausalLM", "parameters": parameters, "vocab_size": len(tokenizer),
-                  "tie_word_embeddings": True, **MODEL_SIZES},
+                  "tie_word_embeddings": True, "seed": args.seed, **args.sizes},
         "training": {**training, "batch_size": BATCH_SIZE, "seq_len": TRAIN_SEQ_LEN, "peak_lr": PEAK_LR,
                      "warmup_steps": WARMUP_STEPS, "weight_decay": WEIGHT_DECAY, "autocast": "bf16"},
         "scores": scores,
