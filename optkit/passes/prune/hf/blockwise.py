@@ -4,9 +4,9 @@ The way methods that prune 7-70 B models work: the calibration inputs of the
 first block are captured once; then each block in turn is moved to the compute
 device as an fp32 copy of its weights, its structure is found and checked there
 (layouts by permutation, :mod:`.parse`), its statistics are taken on the cached
-inputs (each layer's input norms, the input Gram matrices of the layers that
-lose inputs), its heads and MLP channels are chosen and cut, the narrowed layers
-are refitted by least squares (:func:`refit_layer`), and its outputs become the
+inputs (each layer's input norms, the inputs of the layers that lose some), its
+heads and MLP channels are chosen and cut, the narrowed layers are refitted by
+least squares (:mod:`.least_squares`), and its outputs become the
 next block's inputs. The block then goes back where it was, in the dtype it had.
 Only one block is ever held in fp32, so a bf16 model is cut exactly where its
 fp32 copy would be, and peak memory is the model as loaded plus one block.
@@ -32,6 +32,7 @@ from optkit.core.errors import OptkitError, first_line
 from optkit.core.progress import progress
 from optkit.model.pages import evict_clean, file_storages, release
 from optkit.passes.prune.hf.importance import channel_scores, head_scores
+from optkit.passes.prune.hf.least_squares import LayerInputs, keeps_rows, refit_layer
 from optkit.passes.prune.hf.parse import parse_block
 from optkit.passes.prune.hf.structure import (
     HEAD_FIELDS, HIDDEN_FIELDS, KV_FIELDS, Block, Layer, config_int, find_block_lists, record_layer, without_cache,
@@ -39,14 +40,10 @@ from optkit.passes.prune.hf.structure import (
 
 __all__ = ["INPUTS_FROM", "Captured", "Plan", "Stats", "Sweep", "capture_inputs", "chained_blocks", "check_plan", "cut",
            "device_of", "edited_config", "full_plan", "head_options", "leave", "narrowed", "outputs", "parse_first",
-           "plan_for", "planned_size", "prune_blockwise", "refit_layer", "statistics", "uniform_plan", "visit"]
+           "plan_for", "planned_size", "prune_blockwise", "statistics", "uniform_plan", "visit"]
 
 #: Where each block's calibration inputs come from: the pruned blocks before it, or the unpruned ones.
 INPUTS_FROM = ("pruned", "unpruned")
-#: Added to a Gram matrix's diagonal, as a fraction of its mean, so the least-squares solve stays well conditioned.
-DAMPING = 0.01
-#: Columns per tile of a Gram matrix summed tile by tile (only the tiles on and above the diagonal are computed).
-GRAM_TILE = 1024
 
 
 @dataclass(frozen=True)
@@ -287,7 +284,7 @@ def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, An
     for index, module in enumerate(blocks):
         block = visit(module, f"{path}.{index}", captured, target, model.config, structure)
         try:
-            stats = statistics(block, captured, target, grams=refit, keep_outputs=inputs_from == "unpruned")
+            stats = statistics(block, captured, target, refit=refit, keep_outputs=inputs_from == "unpruned")
             before = stats.outputs
             originals = {id(layer): layer.module.weight.detach().clone() for layer in narrowed(block)}
             kept = cut(block, plan, stats.norms if importance == "activation" else None)
@@ -295,9 +292,9 @@ def prune_blockwise(model: nn.Module, plan: Plan, batches: Sequence[dict[str, An
             if refit:
                 errors = {}
                 for layer in narrowed(block):
-                    gram = stats.grams.pop(layer.name, None)  # freed once used
-                    if gram is not None:
-                        errors[layer.name] = refit_layer(layer, originals[id(layer)], kept[id(layer)], gram)
+                    gathered = stats.inputs.pop(layer.name, None)  # freed once used
+                    if gathered is not None:
+                        errors[layer.name] = refit_layer(layer, originals[id(layer)], kept[id(layer)], gathered)
                         sweep.refitted.append(layer.name)
                 sweep.errors.append(errors)
             captured = Captured(before) if before is not None else outputs(block, captured, target)
@@ -410,36 +407,41 @@ def leave(block: Block) -> None:
 
 @dataclass
 class Stats:
-    """A block's statistics on its calibration inputs: each layer's input RMS per channel (``norms``), input Gram
-    matrices of the layers that may lose inputs (``grams``), and its outputs when kept (the next block's inputs)."""
+    """A block's statistics on its calibration inputs: each layer's input RMS per channel (``norms``), the inputs
+    of the layers that may lose some, gathered for their refit (``inputs``), and its outputs when kept (the next
+    block's inputs)."""
 
     norms: dict[str, torch.Tensor]
-    grams: dict[str, torch.Tensor]
+    inputs: dict[str, LayerInputs]
     outputs: list[tuple[tuple, dict]] | None
 
 
-def statistics(block: Block, captured: Captured, device: torch.device, *, grams: bool,
-                keep_outputs: bool) -> Stats:
-    """Input norms of every layer, Gram matrices of the layers that may lose inputs, and (optionally) the
-    block's outputs, over every cached call."""
+def statistics(block: Block, captured: Captured, device: torch.device, *, refit: bool,
+               keep_outputs: bool) -> Stats:
+    """Input norms of every layer, the gathered inputs of the layers that may lose some (with ``refit``), and
+    (optionally) the block's outputs, over every cached call."""
     layers = {id(layer.module): layer for unit in (*block.attentions, *block.mlps) for layer in unit.layers()}
-    narrowing = {id(layer.module) for layer in narrowed(block)}
+    narrowing = {id(layer.module) for layer in narrowed(block)} if refit else set()
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
-    gram: dict[str, torch.Tensor] = {}
+    gathered: dict[str, LayerInputs] = {}
 
-    def hook(module, args):
+    def given(module, args):
         layer = layers[id(module)]
         x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
         sums[layer.name] = sums.get(layer.name, 0) + x.pow(2).sum(0)
         counts[layer.name] = counts.get(layer.name, 0) + len(x)
-        if grams and id(module) in narrowing:
-            # fp32 sums (fp64 matmuls cost several times as much on CPUs), as the solve.
-            if layer.name not in gram:
-                gram[layer.name] = x.new_zeros(x.shape[1], x.shape[1])
-            _add_upper_gram(gram[layer.name], x)
+        if id(module) in narrowing:
+            if layer.name not in gathered:
+                gathered[layer.name] = LayerInputs(x.shape[1], keep_rows=keeps_rows(module))
+            gathered[layer.name].add_input(x, args[0])
 
-    handles = [layer.module.register_forward_pre_hook(hook) for layer in layers.values()]
+    def produced_by(module, args, out):
+        bias = getattr(module, "bias", None)
+        gathered[layers[id(module)].name].add_output(out.detach().reshape(-1, out.shape[-1]), bias)
+
+    handles = [layer.module.register_forward_pre_hook(given) for layer in layers.values()]
+    handles += [layers[key].module.register_forward_hook(produced_by) for key in narrowing]
     produced = [] if keep_outputs else None
     try:
         with torch.no_grad():
@@ -451,33 +453,7 @@ def statistics(block: Block, captured: Captured, device: torch.device, *, grams:
         for handle in handles:
             handle.remove()
     norms = {name: (total / counts[name]).sqrt().cpu() for name, total in sums.items()}
-    for matrix in gram.values():
-        _mirror_gram(matrix)
-    return Stats(norms, gram, produced)
-
-
-def _gram_tiles(width: int) -> list[tuple[int, int]]:
-    """Column ranges of about :data:`GRAM_TILE` each covering ``range(width)``."""
-    count = max(1, round(width / GRAM_TILE))
-    edges = [round(i * width / count) for i in range(count + 1)]
-    return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-def _add_upper_gram(gram: torch.Tensor, x: torch.Tensor) -> None:
-    """Add ``x^T x`` to ``gram``'s tiles on and above the diagonal (the rest is its mirror image: 10/16 of the
-    products for 8,192 inputs, 0.56 s instead of 0.97 s per 2,048 tokens here)."""
-    tiles = _gram_tiles(x.shape[1])
-    for i, (a, b) in enumerate(tiles):
-        for c, d in tiles[i:]:
-            gram[a:b, c:d].addmm_(x[:, a:b].t(), x[:, c:d])
-
-
-def _mirror_gram(gram: torch.Tensor) -> None:
-    """Fill the tiles below the diagonal from those above it (:func:`_add_upper_gram`)."""
-    tiles = _gram_tiles(gram.shape[0])
-    for i, (a, b) in enumerate(tiles):
-        for c, d in tiles[i + 1:]:
-            gram[c:d, a:b] = gram[a:b, c:d].t()
+    return Stats(norms, gathered, produced)
 
 
 def outputs(block: Block, captured: Captured, device: torch.device) -> Captured:
@@ -545,49 +521,6 @@ def _meta_copy(block: Block) -> Block:
     for buffer in block.module.buffers():
         memo[id(buffer)] = buffer.to("meta")
     return copy.deepcopy(block, memo)
-
-
-def refit_layer(layer: Layer, weight: torch.Tensor, kept: torch.Tensor, gram: torch.Tensor) -> float:
-    """Refit ``layer`` (which kept input columns ``kept`` of ``weight``) to reproduce ``weight``'s outputs.
-
-    Solves ``G[K, K] W'^T = G[K, :] W^T`` for the input Gram matrix ``G`` (damped by :data:`DAMPING`) in fp32:
-    the right-hand side from ``G W^T`` taken once, the factorization by Cholesky (again in fp64 where fp32's
-    fails). fp32 gives the same output error as fp64 on damped Gram matrices of 4,864 and 8,192 inputs with
-    outlier channels or fewer tokens than inputs, in half the time.
-
-    Returns:
-        the refitted layer's output error relative to the original output's energy, on the calibration inputs.
-    """
-    full = (weight if layer.out_axis == 0 else weight.t()).float()  # out x in
-    gram = gram.to(device=full.device, dtype=torch.float32)
-    gram_weight = gram @ full.t()  # in x out: G W^T
-    energy = (full.t() * gram_weight).sum(dtype=torch.float64)  # tr(W G W^T)
-    rhs = gram_weight[kept]
-    del gram_weight
-    solved, damping = _solve_damped(gram, kept, rhs, torch.float32)
-    if solved is None:  # not positive definite in fp32 (the damping keeps that rare): fp64
-        solved, damping = _solve_damped(gram, kept, rhs.double(), torch.float64)
-    target = layer.module.weight
-    with torch.no_grad():
-        target.copy_((solved.t() if layer.out_axis == 0 else solved).to(target.dtype))
-    # With (G_KK + d I) S = R: tr(S^T G_KK S) = tr(S^T R) - d |S|^2, so the error needs no further products.
-    reached = (solved * rhs.to(solved.dtype)).sum(dtype=torch.float64)
-    error = energy - reached - damping * solved.pow(2).sum(dtype=torch.float64)
-    return float(error.clamp_min(0) / energy.clamp_min(1e-30))
-
-
-def _solve_damped(gram: torch.Tensor, kept: torch.Tensor, rhs: torch.Tensor,
-                  dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """``(G[K, K] + d I)^-1 rhs`` in ``dtype`` by Cholesky, factored in place (``None`` where it fails), and
-    the damping ``d``: :data:`DAMPING` of the diagonal's mean."""
-    damped = gram[kept[:, None], kept].to(dtype)
-    damping = DAMPING * damped.diagonal().mean().clamp_min(1e-12)
-    damped.diagonal().add_(damping)
-    info = torch.empty((), dtype=torch.int32, device=damped.device)
-    torch.linalg.cholesky_ex(damped, out=(damped, info))  # in place: one kept x kept matrix, not two
-    if int(info) != 0:
-        return None, damping
-    return torch.cholesky_solve(rhs.to(dtype), damped), damping
 
 
 def _write_config(model: nn.Module, plan: Plan, structure: Block) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 
 from optkit.core.progress import progress
 from optkit.passes.prune.hf import blockwise
+from optkit.passes.prune.hf.least_squares import refit_layer
 from optkit.passes.prune.hf.structure import Block, find_block_lists, without_cache
 
 __all__ = ["score_plans", "val_rows"]
@@ -114,7 +115,9 @@ def score_plans(model: nn.Module, structure: Block, plans: Sequence[blockwise.Pl
     for index, module in enumerate(blocks):
         block = blockwise.visit(module, f"{path}.{index}", calib, device, model.config, structure)
         try:
-            stats = blockwise.statistics(block, calib, device, grams=refit, keep_outputs=True)
+            stats = blockwise.statistics(block, calib, device, refit=refit, keep_outputs=True)
+            # Every plan keeps other inputs: one Gram matrix per layer serves them all.
+            grams = {name: gathered.gram() for name, gathered in stats.inputs.items()}
             originals = {layer.name: layer.module.weight.detach().clone() for layer in blockwise.narrowed(block)}
             saved_call, block.call = block.call, None
             for number, plan in enumerate(plans):
@@ -123,8 +126,8 @@ def score_plans(model: nn.Module, structure: Block, plans: Sequence[blockwise.Pl
                 blockwise.adopt_settings(trial.module, settings[number])
                 if refit:
                     for layer in blockwise.narrowed(trial):
-                        if layer.name in stats.grams:
-                            blockwise.refit_layer(layer, originals[layer.name], kept[id(layer)], stats.grams[layer.name])
+                        if layer.name in grams:
+                            refit_layer(layer, originals[layer.name], kept[id(layer)], grams[layer.name])
                 streams[number] = blockwise.outputs(trial, streams[number], device)
                 del trial
             block.call = saved_call

@@ -16,10 +16,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-__all__ = ["DAMPING", "refit_narrowed_layers"]
+from optkit.passes.prune.hf.least_squares import DAMPING
 
-#: Added to the Gram matrix's diagonal, as a fraction of its mean, so the solve stays well conditioned.
-DAMPING = 0.01
+__all__ = ["DAMPING", "refit_narrowed_layers"]
 
 
 def refit_narrowed_layers(original: nn.Module, pruned: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> list[str]:
