@@ -181,9 +181,13 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
 
 def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple[Any, float]]:
     """The plans tried: for each head option (none removed; the options nearest :data:`HEAD_SHARES`; every
-    whole key/value group option up to half the heads), the MLP width that meets the target, sized on the meta
-    device; ``(plan, planned fraction)`` for those within the target's tolerance (at least 0.02)."""
+    whole key/value group option up to half the heads; the heads the uniform cut keeps, however many it
+    removes, so that the measured split is never one the uniform cut beats on the rows it is scored on), the MLP
+    width that meets the target, sized on the meta device; ``(plan, planned fraction)`` for those within the
+    target's tolerance (at least 0.02)."""
     from optkit.passes.prune.hf.blockwise import Plan, check_plan, fit_mlp, full_plan, head_options
+    from optkit.passes.prune.targets.configs import MacsTarget, ParamsTarget
+    from optkit.passes.prune.targets.ratio import uniform_heads
 
     attention = structure.attentions[0]
     heads, kv = attention.heads, attention.kv_heads
@@ -195,6 +199,10 @@ def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple
         if valid:
             options.append(min(valid, key=lambda o: (abs(1 - o[0] * o[1] / heads - share), -o[0])))
     options += [o for o in valid if o[1] == attention.groups]
+    kind = MacsTarget if target.measured == "macs" else ParamsTarget
+    uniform = uniform_heads(kind(target.fraction, target.tolerance, target.round_to), model, structure)
+    if uniform is not None:
+        options.append(uniform)
     options = list(dict.fromkeys(options))
     tolerance = max(target.tolerance, 0.02)
     plans = []

@@ -139,6 +139,16 @@ def _transformer_search(target: FractionTarget, spec: PruneSpec, model: nn.Modul
     return PassResult(pruned, details)
 
 
+def uniform_heads(target: FractionTarget, model: nn.Module, structure: Any) -> tuple[int, int] | None:
+    """``(key/value groups, query heads per group)`` that the uniform cut keeps to meet ``target``, sized on the
+    meta device; ``None`` when no uniform cut is one the stock class describes."""
+    try:
+        plan, _ = _planned_uniform(target, model, structure, [])
+    except ValueError:
+        return None
+    return plan.kv_keep, plan.q_keep
+
+
 def _planned_uniform(target: FractionTarget, model: nn.Module, structure: Any, tries: list) -> tuple[Any, int]:
     """The uniform plan (one share for heads and MLP channels) that comes closest to ``target``, sizes read from
     the stock class on the meta device; when head counts move in steps too coarse to land within the tolerance,

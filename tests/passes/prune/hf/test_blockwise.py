@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from optkit.passes.prune.hf import blockwise  # noqa: E402
+from optkit.passes.prune.hf import blockwise, least_squares  # noqa: E402
 from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
 
 VOCAB = 300
@@ -99,7 +99,7 @@ def test_the_refit_error_is_the_measured_output_error():
     gram = x.double().t() @ x.double()
     narrowed = torch.nn.Linear(6, 5, bias=False)
     unit = blockwise.Layer(narrowed, "layer", 6, 5, 0)
-    error = blockwise.refit_layer(unit, weight, kept, gram)
+    error = least_squares.refit_layer(unit, weight, kept, gram)
     with torch.no_grad():
         target = x @ weight.t()
         measured = (x[:, kept] @ narrowed.weight.t() - target).pow(2).sum() / target.pow(2).sum()
@@ -108,14 +108,56 @@ def test_the_refit_error_is_the_measured_output_error():
     assert measured < 0.5 * dropped_only  # the refit recovers much of what the dropped inputs gave
 
 
+@pytest.mark.parametrize("calls", [4, 5])  # 80 rows of 80 inputs, kept as they are; 100, summed as they come
+def test_a_refit_from_the_kept_inputs_equals_the_refit_from_the_gram_matrix(calls):
+    torch.manual_seed(0)
+    width, out = 80, 12
+    layer = torch.nn.Linear(width, out, bias=True)
+    weight = layer.weight.detach().clone()
+    mix = torch.randn(width, width) * torch.linspace(0.2, 3.0, width)  # correlated inputs of uneven scales
+    batches = [torch.randn(20, width) @ mix for _ in range(calls)]
+    kept = torch.tensor(sorted(torch.randperm(width)[:60].tolist()))  # 3/4 kept: cheaper from the inputs
+    gathered = least_squares.LayerInputs(width, keep_rows=True)
+    for x in batches:
+        gathered.add_input(x, x)
+        gathered.add_output(layer(x).detach(), layer.bias)
+    x_all = torch.cat(batches).double()
+    assert gathered.kept_is_cheaper(len(kept), out) == (len(x_all) <= width)
+    refitted = [torch.nn.Linear(60, out, bias=False) for _ in range(2)]
+    error = least_squares.refit_layer(blockwise.Layer(refitted[0], "a", 60, out, 0), weight, kept, gathered)
+    expected_error = least_squares.refit_layer(blockwise.Layer(refitted[1], "b", 60, out, 0), weight, kept,
+                                               x_all.t() @ x_all)
+    torch.testing.assert_close(refitted[0].weight, refitted[1].weight, rtol=1e-3, atol=1e-4)
+    assert error == pytest.approx(expected_error, rel=1e-3)
+    assert gathered.inputs == [] and gathered.outputs == []  # let go once used
+    with torch.no_grad():
+        target = x_all @ weight.double().t()
+        measured = (x_all[:, kept] @ refitted[0].weight.double().t() - target).pow(2).sum() / target.pow(2).sum()
+    assert error == pytest.approx(measured.item(), rel=1e-3)
+
+
+def test_which_products_a_refit_takes_follows_their_cost():
+    gathered = least_squares.LayerInputs(8192, keep_rows=True)
+    x = torch.zeros(4, 8192)
+    gathered.add_input(x, torch.empty(0))
+    gathered.add_output(torch.zeros(4, 2048), None)
+    gathered.rows = 8192  # an MLP down projection over 8,192 calibration rows
+    assert gathered.kept_is_cheaper(6554, 2048)  # 80 % kept: 0.57 against 0.83 TFLOP
+    assert not gathered.kept_is_cheaper(8192, 8192 * 4)  # many outputs, nothing dropped
+    other = least_squares.LayerInputs(8192, keep_rows=False)  # not an nn.Linear: its output may not be X W^T
+    other.add_input(x, torch.empty(0))
+    other.add_output(torch.zeros(4, 2048), None)
+    assert not other.kept_is_cheaper(10, 2048) and other.inputs == []
+
+
 def test_gram_matrices_summed_tile_by_tile_equal_the_full_products():
     torch.manual_seed(0)
-    width = 2 * blockwise.GRAM_TILE + 37  # three uneven tiles
+    width = 2 * least_squares.GRAM_TILE + 37  # three uneven tiles
     batches = [torch.randn(300, width) * torch.linspace(0.1, 3.0, width) for _ in range(3)]
     gram = torch.zeros(width, width)
     for x in batches:
-        blockwise._add_upper_gram(gram, x)
-    blockwise._mirror_gram(gram)
+        least_squares.add_upper_gram(gram, x)
+    least_squares.mirror_gram(gram)
     expected = sum(x.double().t() @ x.double() for x in batches)
     torch.testing.assert_close(gram.double(), expected, rtol=1e-5, atol=1e-3)
     assert torch.equal(gram, gram.t())
@@ -255,3 +297,23 @@ def test_the_default_importance_is_activation_for_a_language_model_given_text_an
         weights[importance] = pruned.model.layers[0].mlp.up_proj.weight
     assert torch.equal(weights["auto"], weights["activation"])
     assert weights["auto"].shape != weights["l1"].shape or not torch.equal(weights["auto"], weights["l1"])
+
+
+def test_the_measured_split_tries_the_heads_the_uniform_cut_keeps_even_past_half_of_them():
+    from optkit.passes.prune.targets.configs import MixTarget, ParamsTarget
+    from optkit.passes.prune.targets.mix import HEAD_SHARES, mix_plans
+    from optkit.passes.prune.targets.ratio import uniform_heads
+
+    config = transformers.LlamaConfig(hidden_size=48, num_attention_heads=6, num_key_value_heads=3, head_dim=8,
+                                      intermediate_size=128, num_hidden_layers=2, vocab_size=VOCAB,
+                                      tie_word_embeddings=True, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    blocks = blockwise.chained_blocks(model)
+    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
+                                      torch.device("cpu"))
+    kv_keep, q_keep = uniform_heads(ParamsTarget(0.5, 0.02, 1), model, structure)
+    assert 1 - kv_keep * q_keep / 6 > max(HEAD_SHARES)  # past what the shares alone would try
+    plans = mix_plans(model, structure, MixTarget(0.5, 0.02, 1))
+    assert (kv_keep, q_keep) in [(plan.kv_keep, plan.q_keep) for plan, _ in plans]
+    assert all(abs(planned - 0.5) <= 0.02 for _, planned in plans)
