@@ -79,7 +79,7 @@ class DataReaders:
         return torch.stack([image for image, _ in pairs]), labels, info.num_classes
 
     def token_blocks(self, spec: str, split: str, seq_len: int, samples: int, *, vocab_size: int | None,
-                     max_positions: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     max_positions: int | None, spread: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         from optkit.core.errors import DataError
         from optkit.data.specs import is_text, parse_spec
         from optkit.data.text import find_tokenizer, token_blocks
@@ -89,7 +89,7 @@ class DataReaders:
                             "(the Python documentation) or text:FILE|DIR")
         folder = find_tokenizer(tokenizer_folders(self.model, self.source))
         blocks = token_blocks(parse_spec(spec).arg, split, folder, seq_len, vocab_size=vocab_size,
-                              max_positions=max_positions, max_blocks=samples)
+                              max_positions=max_positions, max_blocks=samples, spread=spread)
         return blocks.input_ids, blocks.attention_mask
 
     def segmentation_masks(self, spec: str, split: str, shape: tuple[int, ...],

@@ -41,6 +41,8 @@ __all__ = ["PYTHON_DOCS_DIR", "SPLIT_BOUNDS", "TEXT_SUFFIXES", "TOKENIZER_FILES"
 PYTHON_DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
 PYTHON_DOCS_HINT = "install them with `apt-get install python3.11-doc` (make data does), or give text:FILE or text:DIR"
 TEXT_SUFFIXES = (".txt", ".rst", ".md")
+#: Characters of a split tokenized at most to spread blocks across it (``token_blocks(spread=True)``): about 4 s.
+SPREAD_CHARACTERS = 16_000_000
 #: Any of these in a folder means it holds a tokenizer ``AutoTokenizer`` can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
@@ -206,7 +208,7 @@ def tokenize(tokenizer: Any, documents: list[str], limit: int | None = None) -> 
 
 def token_blocks(spec_arg: str, split: str, tokenizer_folder: str | os.PathLike, seq_len: int, *,
                  vocab_size: int | None = None, max_positions: int | None = None,
-                 max_blocks: int | None = None) -> TokenBlocks:
+                 max_blocks: int | None = None, spread: bool = False) -> TokenBlocks:
     """A ``text`` spec's ``split``, tokenized by the tokenizer in ``tokenizer_folder``, in blocks of ``seq_len``.
 
     Args:
@@ -217,6 +219,9 @@ def token_blocks(spec_arg: str, split: str, tokenizer_folder: str | os.PathLike,
         vocab_size: the model's embedding rows; a tokenizer with more tokens is refused.
         max_positions: the model's positions (``max_position_embeddings``); longer blocks are refused.
         max_blocks: keep only the first this many blocks.
+        spread: with ``max_blocks``, take that many blocks evenly spaced across the whole split instead of its
+            first ones (from at most :data:`SPREAD_CHARACTERS` of it, in evenly spaced extracts): calibration
+            that sees the whole split, not its first files.
 
     Returns:
         the :class:`TokenBlocks`.
@@ -237,13 +242,22 @@ def token_blocks(spec_arg: str, split: str, tokenizer_folder: str | os.PathLike,
     if vocab_size is not None and len(tokenizer) > vocab_size:
         raise DataError(f"the tokenizer in {tokenizer_folder} has {len(tokenizer):,} tokens but the model's embedding "
                         f"has {vocab_size:,} rows; use the tokenizer the model was trained with")
-    limit = None if max_blocks is None else max_blocks * seq_len
+    spread = spread and max_blocks is not None
+    if spread:
+        documents = _extracts(documents, max_blocks, SPREAD_CHARACTERS)
+    limit = None if max_blocks is None or spread else max_blocks * seq_len
     ids = torch.tensor(tokenize(tokenizer, documents, limit), dtype=torch.long)
     if not len(ids):
         raise DataError(f"text:{spec_arg} gives no tokens in its {split} split; give a file or folder with more text")
     if vocab_size is not None and int(ids.max()) >= vocab_size:
         raise DataError(f"the tokenizer in {tokenizer_folder} gives token id {int(ids.max())}, beyond the model's "
                         f"{vocab_size:,} embedding rows; use the tokenizer the model was trained with")
+    full = len(ids) // seq_len
+    if spread and full > max_blocks:
+        rows = torch.linspace(0, full - 1, max_blocks).round().long()
+        return TokenBlocks(ids[:full * seq_len].view(full, seq_len)[rows], torch.ones(max_blocks, seq_len,
+                                                                                      dtype=torch.long),
+                           max_blocks * seq_len)
     count = -(-len(ids) // seq_len)
     if max_blocks is not None:
         count = min(count, max_blocks)
@@ -254,6 +268,27 @@ def token_blocks(spec_arg: str, split: str, tokenizer_folder: str | os.PathLike,
     input_ids[:len(ids)] = ids
     mask[:len(ids)] = 1
     return TokenBlocks(input_ids.view(count, seq_len), mask.view(count, seq_len), len(ids))
+
+
+def _extracts(documents: list[str], pieces: int, budget: int) -> list[str]:
+    """``documents`` when they hold at most ``budget`` characters; else ``pieces`` extracts of ``budget // pieces``
+    characters each, evenly spaced across them, each from the start of a line (and within one document)."""
+    import bisect
+    import itertools
+
+    starts = [0, *itertools.accumulate(map(len, documents))]
+    total = starts[-1]
+    if total <= budget:
+        return documents
+    size = max(1, budget // pieces)
+    extracts = []
+    for piece in range(pieces):
+        offset = piece * total // pieces
+        index = bisect.bisect_right(starts, offset) - 1
+        document = documents[index]
+        begin = document.rfind("\n", 0, offset - starts[index]) + 1
+        extracts.append(document[begin:begin + size])
+    return extracts
 
 
 def next_token_dataset(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.utils.data.TensorDataset:

@@ -187,9 +187,10 @@ class EvalData(Protocol):
         ...
 
     def token_blocks(self, spec: str, split: str, seq_len: int, samples: int, *, vocab_size: int | None,
-                     max_positions: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``samples`` blocks of ``seq_len`` token ids of a text spec's ``split``, tokenized by the
-        model's own tokenizer, and their attention mask (0 on the last block's padding)."""
+                     max_positions: int | None, spread: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``samples`` blocks of ``seq_len`` token ids of a text spec's ``split`` (with ``spread``:
+        ``samples`` blocks evenly spaced across it), tokenized by the model's own tokenizer, and their attention
+        mask (0 on the last block's padding)."""
         ...
 
     def segmentation_masks(self, spec: str, split: str, shape: tuple[int, ...],

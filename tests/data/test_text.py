@@ -167,3 +167,32 @@ def test_next_token_labels_are_the_following_token_and_skip_padding_and_block_en
     dataset = next_token_dataset(ids, mask)
     assert [dataset[i][1].tolist() for i in range(2)] == [[6, 7, 8, -100], [10, -100, -100, -100]]
     assert torch.equal(dataset[1][0], ids[1])
+
+
+def test_spread_blocks_come_from_across_the_whole_split_not_its_start(tmp_path):
+    lm = Path(__file__).resolve().parents[2] / "optkit" / "demo" / "python_docs_lm"
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "one.txt").write_text("".join(f"line {i} of a long single file\n" for i in range(4000)))
+    whole = token_blocks(str(texts), "train", lm, 16)
+    spread = token_blocks(str(texts), "train", lm, 16, max_blocks=5, spread=True)
+    full = whole.tokens // 16
+    rows = [round(i * (full - 1) / 4) for i in range(5)]
+    assert spread.input_ids.tolist() == whole.input_ids[rows].tolist()  # evenly spaced, first and last included
+    assert spread.attention_mask.sum().item() == spread.tokens == 5 * 16
+
+
+def test_spread_blocks_of_a_split_over_the_budget_come_from_evenly_spaced_extracts(tmp_path, monkeypatch):
+    from optkit.data import text
+
+    lm = Path(__file__).resolve().parents[2] / "optkit" / "demo" / "python_docs_lm"
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "one.txt").write_text("".join(f"alpha {i}\n" for i in range(3000)) + "".join(f"omega {i}\n"
+                                                                                        for i in range(3000)))
+    monkeypatch.setattr(text, "SPREAD_CHARACTERS", 2000)  # a small part of the split's characters
+    blocks = token_blocks(str(texts), "train", lm, 8, max_blocks=4, spread=True)
+    tokenizer = text.load_tokenizer(lm)
+    decoded = [tokenizer.decode(row) for row in blocks.input_ids.tolist()]
+    assert "alpha" in decoded[0] and "omega" in decoded[-1]  # the start and the end of the split
+    assert len(blocks.input_ids) == 4

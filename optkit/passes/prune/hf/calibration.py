@@ -72,7 +72,9 @@ def run_with_inputs(model: nn.Module, names: Iterable[str], batches: Iterable[di
 
 
 def text_batches(model: nn.Module, spec: str, seq_len: int, batches: int, batch_size: int) -> list[dict[str, Any]]:
-    """The first ``batches × batch_size`` blocks of ``seq_len`` tokens of ``spec``'s train split, as forward keywords.
+    """``batches × batch_size`` blocks of ``seq_len`` tokens evenly spaced across ``spec``'s train split, as forward
+    keywords (the first ones of a split hold only its first files: measured on a model trained on other text, 64
+    rows from across the split gave 1.11x validation perplexity at 0.8 of the parameters, its first 64 rows 1.19x).
 
     The text is tokenized by the model's own tokenizer, found beside its config (see
     :func:`optkit.analysis.evaluation.tokenizer_folders`).
@@ -85,7 +87,7 @@ def text_batches(model: nn.Module, spec: str, seq_len: int, batches: int, batch_
     config = getattr(model, "config", None)
     ids, mask = DataReaders(model).token_blocks(
         spec, "train", seq_len, batches * batch_size, vocab_size=getattr(config, "vocab_size", None),
-        max_positions=getattr(config, "max_position_embeddings", None))
+        max_positions=getattr(config, "max_position_embeddings", None), spread=True)
     return [{"input_ids": ids[i:i + batch_size], "attention_mask": mask[i:i + batch_size]}
             for i in range(0, len(ids), batch_size)]
 
