@@ -53,6 +53,9 @@ TIME_BUDGET = 3.0
 #: A setting must lower validation perplexity by more than this fraction to displace the default (smaller moves
 #: are within what a different calibration draw gives).
 MARGIN = 0.005
+#: Rows are compared with the default when they keep at most this much more of the parameters than it does (a
+#: setting that lands on a larger MLP width within the target's tolerance is not better for that alone).
+PARAMS_SLACK = 0.005
 
 
 def main() -> None:
@@ -105,15 +108,21 @@ def verdict(rows: list[dict], fractions: list[float]) -> dict:
     for fraction in fractions:
         here = [r for r in rows if r["fraction"] == fraction]
         default = next(r for r in here if r["factor"] == "default")
-        best = min(here, key=lambda r: r["val_ppl"])
+        comparable = [r for r in here if r["params_fraction"] <= default["params_fraction"] + PARAMS_SLACK]
+        best = min(comparable, key=lambda r: r["val_ppl"])
+        larger = [r for r in here if r not in comparable and r["val_ppl"] < best["val_ppl"]]
         out["per_fraction"][str(fraction)] = {
             "default_val_ratio": default["val_ratio"], "default_test_ratio": default["test_ratio"],
+            "default_params": default["params_fraction"],
             "best": best["setting"] if best is not default else "default", "best_val_ratio": best["val_ratio"],
-            "default_within_1pct": default["val_ppl"] <= best["val_ppl"] * 1.01}
+            "default_within_1pct": default["val_ppl"] <= best["val_ppl"] * 1.01,
+            "better_with_more_params": [{"setting": r["setting"], "params_fraction": r["params_fraction"],
+                                         "val_ratio": r["val_ratio"]} for r in larger]}
     for factor, label, _ in VARIANTS:
         mine = [r for r in rows if r["setting"] == label and r["factor"] == factor]
         defaults = {r["fraction"]: r for r in rows if r["factor"] == "default"}
         if mine and all(r["val_ppl"] < defaults[r["fraction"]]["val_ppl"] * (1 - MARGIN)
+                        and r["params_fraction"] <= defaults[r["fraction"]]["params_fraction"] + PARAMS_SLACK
                         and r["prune_s"] <= TIME_BUDGET * max(defaults[r["fraction"]]["prune_s"], 1.0)
                         for r in mine):
             out["better_everywhere"].append(f"{factor} {label}")
@@ -138,9 +147,13 @@ def markdown(record: dict) -> str:
                      f"{r['prune_s']:.0f} | {r['load_avg_1min_before']:.1f} |")
     lines += ["", "## Verdict", ""]
     for fraction, v in record["verdict"]["per_fraction"].items():
+        larger = "".join(f" ({r['setting']} keeps {r['params_fraction']:.3f} of the parameters, more than the "
+                         f"default's {v['default_params']:.3f}: val {r['val_ratio']:.3f}×)"
+                         for r in v.get("better_with_more_params", []))
         lines.append(f"- {fraction}: default val {v['default_val_ratio']:.3f}× (test {v['default_test_ratio']:.3f}×);"
-                     f" best {v['best']} val {v['best_val_ratio']:.3f}×; default within 1 % of the best: "
-                     f"**{'yes' if v['default_within_1pct'] else 'no'}**")
+                     f" best of the rows keeping at most {PARAMS_SLACK:g} more of the parameters: {v['best']} val "
+                     f"{v['best_val_ratio']:.3f}×; default within 1 % of it: "
+                     f"**{'yes' if v['default_within_1pct'] else 'no'}**{larger}")
     better = record["verdict"]["better_everywhere"]
     lines.append(f"- Settings better than the default on validation by more than {MARGIN:.1%} at every fraction, "
                  f"within {record['time_budget']:g}× its time: {', '.join(better) if better else 'none'}.")

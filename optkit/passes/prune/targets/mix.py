@@ -7,9 +7,10 @@ tries each head share the structure allows (whole heads, the same number
 from every key/value group: at most :data:`HEAD_SHARES` of them), finds for
 each the MLP share that reaches the target (parameters and MACs fall
 linearly with the MLP width, so two trial prunes give it), prunes a copy at
-that mix with the pass's importance and refit, and scores it on the first
-:data:`VAL_BLOCKS` samples of the data's ``val`` split (perplexity on text; an
-image transformer's top-1 error on images).
+that mix with the pass's importance and refit, and scores it on
+:data:`VAL_BLOCKS` samples of the data's ``val`` split (perplexity on text, rows
+evenly spaced across the split; an image transformer's top-1 error on its first
+images).
 The mix with the lowest perplexity is kept. Widths stay uniform across
 blocks, so the stock class still describes the result.
 """
@@ -58,14 +59,10 @@ def search(target: MixTarget, spec: PruneSpec, model: nn.Module) -> PassResult:
         return count_macs(m, spec.input_shape) if target.measured == "macs" else count_params(m)
 
     original = measure(model)
-
-    def load_val() -> Any:
-        return load_eval_set(EvalSettings(data=spec.data, samples=VAL_BLOCKS), model, spec.input_shape, split="val")
-
     structure = first_block(model, example_keywords(model, spec)) if is_text(spec.data) and not spec.drop_blocks else None
     if structure is not None:
-        return _search_blockwise(target, spec, model, structure, load_val, measure, original)
-    val = load_val()
+        return _search_blockwise(target, spec, model, structure, measure, original)
+    val = load_eval_set(EvalSettings(data=spec.data, samples=VAL_BLOCKS), model, spec.input_shape, split="val")
     light = dataclasses.replace(spec, importance="l1", bias_correction=False, calibration=None, data=None)
 
     def pruned(heads: float, mlp: float, how: PruneSpec) -> tuple[Any, dict[str, Any]]:
@@ -131,11 +128,12 @@ def _intermediate(model: nn.Module) -> int | None:
                 None)
 
 
-def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, structure: Any, load_val: Any,
-                      measure: Any, original: int) -> PassResult:
+def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, structure: Any, measure: Any,
+                      original: int) -> PassResult:
     """The mix search in bounded memory: plans sized on the meta device, scored together in one pass over the
     blocks (:func:`~optkit.passes.prune.hf.candidates.score_plans`), the best cut in place. The validation rows
-    are read (``load_val()``) only once the scoring is known to fit its time budget."""
+    (evenly spaced across the split, as the calibration rows are) are read only once the scoring is known to fit
+    its time budget."""
     import torch
 
     from optkit.passes.prune.hf.candidates import MIN_ROWS, score_plans, val_rows
@@ -152,13 +150,11 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
     rows, estimate = val_rows(model, structure, calibration, len(plans), VAL_BLOCKS, SCORE_BUDGET_S, device)
     if rows is None and target.measured_by_default:
         return _uniform_instead(target, dataclasses.replace(spec, calibration=calibration), model, estimate, structure)
-    val = load_val()
-    inputs = val.model_inputs()
-    ids, mask = inputs.kwargs["input_ids"], inputs.kwargs["attention_mask"]
+    ids, mask, targets = _val_rows(model, spec)
     rows = min(rows or MIN_ROWS, len(ids))
     with torch.no_grad():
         perplexities = score_plans(model, structure, [plan for plan, _ in plans], calibration,
-                                   {"input_ids": ids[:rows], "attention_mask": mask[:rows]}, val.targets[:rows],
+                                   {"input_ids": ids[:rows], "attention_mask": mask[:rows]}, targets[:rows],
                                    importance=spec.importance, refit=refit, device=device)
     attention = structure.attentions[0]
     candidates = [{"heads": plan.heads(), "kv_heads": plan.kv_keep, "intermediate": sorted(plan.mlp_keep.values()),
@@ -177,6 +173,20 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
         f"{achieved:.3f}): the lowest validation perplexity ({perplexities[best]:.3f}, on {rows} rows) of "
         f"{len(plans)} mixes of heads and MLP channels")
     return PassResult(model, details)
+
+
+def _val_rows(model: nn.Module, spec: PruneSpec) -> tuple[Any, Any, Any]:
+    """:data:`VAL_BLOCKS` rows of the text's ``val`` split, evenly spaced across it: token ids, attention mask and
+    the next token at each position but the last (ignored past the text)."""
+    from optkit.analysis.evaluation import DataReaders
+    from optkit.kinds.tokens import IGNORE
+
+    config = model.config
+    ids, mask = DataReaders(model).token_blocks(spec.data, "val", spec.input_shape[-1], VAL_BLOCKS,
+                                                vocab_size=getattr(config, "vocab_size", None),
+                                                max_positions=getattr(config, "max_position_embeddings", None),
+                                                spread=True)
+    return ids, mask, ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE)
 
 
 def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple[Any, float]]:

@@ -179,7 +179,6 @@ def test_finetune_on_text_trains_a_causal_lm_on_the_next_token(tmp_path):
 
 
 def test_the_default_split_over_its_time_budget_cuts_uniformly_and_says_why(tmp_path, monkeypatch):
-    from optkit.analysis import evaluation
     from optkit.passes.prune.hf import entry
     from optkit.passes.prune.hf.candidates import MIN_ROWS
     from optkit.passes.prune.hf.entry import first_block
@@ -197,7 +196,7 @@ def test_the_default_split_over_its_time_budget_cuts_uniformly_and_says_why(tmp_
     def no_val(*args, **kwargs):
         raise AssertionError("the validation split was read for a split that is not measured")
 
-    monkeypatch.setattr(evaluation, "load_eval_set", no_val)
+    monkeypatch.setattr(mix, "_val_rows", no_val)
     by_default = StructuredPrune(target_params=0.9, data=f"text:{text}", input_shape=(1, 32)).apply(copy.deepcopy(model))
     assert len(parsed) == 1  # the first block parsed once, for the estimate and the cut
     after = by_default.model.state_dict()
