@@ -19,6 +19,7 @@ MLP widths kept), checked against the stock class before anything is cut
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -403,6 +404,10 @@ def leave(block: Block) -> None:
     block.module.to(device=home_device, dtype=home_dtype)
     release(block.module.__dict__.pop("_optkit_mapped"))  # an fp32 checkpoint's weights, replaced by the cut
     block.call = None
+    # Reference cycles left by a block's run can hold its fp32 activations until Python's collector next looks at
+    # its oldest generation: Llama-3.2-1B's sweep reached 7.7 GB that way where collecting here keeps it at 4.1 GB,
+    # for about 0.1 s a block.
+    gc.collect()
 
 
 @dataclass
