@@ -15,6 +15,15 @@ Run from the repository root::
     .venv/bin/python benchmarks/llm_defaults.py --model DIR --data text:FILE --name NAME
 
 Writes ``benchmarks/results/llm-defaults-NAME.{json,md}``.
+
+The second model of the committed results (``--name stdlib``), made differently from the shipped one (other text:
+the Python 3.11 standard library's sources; other shape: 6 heads sharing 3 key/value heads, hidden 192; other
+seed), and how it was trained (``benchmarks/results/train-lm-stdlib.md``)::
+
+    mkdir -p /tmp/stdlib-text && for f in /usr/lib/python3.11/*.py; do cp "$f" /tmp/stdlib-text/$(basename "$f" .py).txt; done
+    .venv/bin/python benchmarks/train_lm.py --data text:/tmp/stdlib-text --out /tmp/lm-stdlib --seed 1 --minutes 12 \
+        --sizes hidden_size=192,intermediate_size=640,num_hidden_layers=5,num_attention_heads=6,num_key_value_heads=3
+    .venv/bin/python benchmarks/llm_defaults.py --model /tmp/lm-stdlib --data text:/tmp/stdlib-text --name stdlib
 """
 
 from __future__ import annotations
@@ -91,7 +100,7 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
     record = {"command": "python benchmarks/llm_defaults.py " + " ".join(sys.argv[1:]),
-              "model": os.path.relpath(args.model, ROOT), "data": args.data, "seq_len": SEQ_LEN,
+              "model": _shown(args.model), "name": args.name, "data": args.data, "seq_len": SEQ_LEN,
               "threads": args.threads, "base": base, "blocks": {s: sum(len(x["input_ids"]) for x in b)
                                                                 for s, b in splits.items()},
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
@@ -99,6 +108,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / f"llm-defaults-{args.name}.json", json.dumps(record, indent=2) + "\n")
     write_text(out / f"llm-defaults-{args.name}.md", markdown(record))
+
+
+def _shown(model: str) -> str:
+    """The model's folder relative to the repository when it is inside it, else as given."""
+    path = Path(model).resolve()
+    return os.path.relpath(path, ROOT) if ROOT in path.parents else model
 
 
 def verdict(rows: list[dict], fractions: list[float]) -> dict:
@@ -130,7 +145,9 @@ def verdict(rows: list[dict], fractions: list[float]) -> dict:
 
 
 def markdown(record: dict) -> str:
-    lines = [f"# Defaults by measurement, language model `{record['model']}`", "",
+    trained = f"train-lm-{record.get('name', '')}.md"
+    how = f" (trained as `benchmarks/results/{trained}` records)" if (RESULTS / trained).exists() else ""
+    lines = [f"# Defaults by measurement, language model `{record['model']}`{how}", "",
              f"Command: `{record['command'].strip()}` ({record['threads']} threads; {record['machine']}). "
              "Each row prunes to the parameter fraction with nothing trained afterwards; each non-default row "
              "changes one setting from what `optkit optimize MODEL --target-params F --calib-data "

@@ -36,6 +36,12 @@ def _batches(count: int = 3, seed: int = 1) -> list[dict[str, torch.Tensor]]:
              "attention_mask": torch.ones(4, 24, dtype=torch.long)} for _ in range(count)]
 
 
+def _first_block(model: torch.nn.Module) -> blockwise.Block:
+    blocks = blockwise.chained_blocks(model)
+    captured = blockwise.capture_inputs(model, blocks, _batches(1))
+    return blockwise.parse_first(model, blocks, captured, torch.device("cpu"))
+
+
 PLAN = blockwise.Plan(kv_keep=2, q_keep=4, mlp_keep={288: 192})
 
 
@@ -60,9 +66,7 @@ def test_a_half_precision_checkpoint_is_cut_exactly_where_its_fp32_copy_is(dtype
 
 def test_the_half_precision_layout_check_finds_every_unit():
     model = _qwen().to(torch.bfloat16)
-    blocks = blockwise.chained_blocks(model)
-    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
-                                      torch.device("cpu"))
+    structure = _first_block(model)
     assert structure.skipped == []
     assert len(structure.attentions) == 1 and len(structure.mlps) == 1
     assert structure.attentions[0].kv_heads == 2 and structure.attentions[0].heads == 14
@@ -165,9 +169,7 @@ def test_gram_matrices_summed_tile_by_tile_equal_the_full_products():
 
 def test_a_plan_the_stock_class_cannot_describe_changes_nothing():
     model = _qwen()
-    blocks = blockwise.chained_blocks(model)
-    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
-                                      torch.device("cpu"))
+    structure = _first_block(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     problem = blockwise.check_plan(model, blockwise.Plan(kv_keep=2, q_keep=7, mlp_keep={999: 10}), structure)
     assert problem is None  # a width no MLP has is not cut
@@ -181,9 +183,7 @@ def test_a_plan_the_stock_class_cannot_describe_changes_nothing():
                                   blockwise.Plan(kv_keep=2, q_keep=3, mlp_keep={288: 200})])
 def test_a_plan_is_checked_on_shapes_alone_and_they_are_the_shapes_of_the_model_cut_to_it(plan):
     model = _qwen()
-    blocks = blockwise.chained_blocks(model)
-    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
-                                      torch.device("cpu"))
+    structure = _first_block(model)
     first = {n: p.clone() for n, p in structure.module.named_parameters()}
     expected = blockwise._expected_shapes(model, plan, structure)
     assert all(torch.equal(first[n], p) for n, p in structure.module.named_parameters())  # the block is as it was
@@ -211,9 +211,7 @@ def test_a_plan_scored_in_one_sweep_has_the_perplexity_of_the_model_cut_to_it(pl
     from optkit.passes.prune.hf.candidates import score_plans
 
     model = _qwen()
-    blocks = blockwise.chained_blocks(model)
-    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
-                                      torch.device("cpu"))
+    structure = _first_block(model)
     val = _batches(2, seed=9)
     ids = torch.cat([b["input_ids"] for b in val])
     ids[:, -3:] = 0
@@ -309,9 +307,7 @@ def test_the_measured_split_tries_the_heads_the_uniform_cut_keeps_even_past_half
                                       tie_word_embeddings=True, max_position_embeddings=64)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    blocks = blockwise.chained_blocks(model)
-    structure = blockwise.parse_first(model, blocks, blockwise.capture_inputs(model, blocks, _batches(1)),
-                                      torch.device("cpu"))
+    structure = _first_block(model)
     kv_keep, q_keep = uniform_heads(ParamsTarget(0.5, 0.02, 1), model, structure)
     assert 1 - kv_keep * q_keep / 6 > max(HEAD_SHARES)  # past what the shares alone would try
     plans = mix_plans(model, structure, MixTarget(0.5, 0.02, 1))
