@@ -77,7 +77,7 @@ class LayerInputs:
             # The block may change its own tensors in place later on; what is kept must not move with them.
             self.inputs.append(x.clone() if x.data_ptr() == source.data_ptr() else x)
             return
-        self._fold()
+        self._fold(x)
         add_upper_gram(self._gram, x)
 
     def add_output(self, y: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -86,10 +86,11 @@ class LayerInputs:
             y = y.float()
             self.outputs.append(y - bias.float() if bias is not None else y.clone())
 
-    def _fold(self) -> None:
+    def _fold(self, like: torch.Tensor | None = None) -> None:
+        """Sum the kept inputs into the Gram matrix (made where they are, or where ``like`` is) and keep no more."""
         if self._gram is None:
-            first = self.inputs[0] if self.inputs else None
-            self._gram = torch.zeros(self.width, self.width, device=first.device if first is not None else None)
+            source = self.inputs[0] if self.inputs else like
+            self._gram = torch.zeros(self.width, self.width, device=source.device if source is not None else None)
         for x in self.inputs:
             add_upper_gram(self._gram, x)
         self.inputs, self.outputs, self._keep = [], [], False

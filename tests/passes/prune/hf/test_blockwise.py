@@ -152,6 +152,9 @@ def test_which_products_a_refit_takes_follows_their_cost():
     other.add_input(x, torch.empty(0))
     other.add_output(torch.zeros(4, 2048), None)
     assert not other.kept_is_cheaper(10, 2048) and other.inputs == []
+    elsewhere = least_squares.LayerInputs(16, keep_rows=False)  # summed where the block runs (a GPU's device)
+    elsewhere.add_input(torch.empty(4, 16, device="meta"), torch.empty(0))
+    assert elsewhere.gram().device.type == "meta"
 
 
 def test_gram_matrices_summed_tile_by_tile_equal_the_full_products():
