@@ -19,7 +19,8 @@ from torch import nn
 if TYPE_CHECKING:
     from optkit.passes.prune.spec import PruneSpec
 
-__all__ = ["calibration_text", "example_keywords", "input_norms", "run_with_inputs", "text_batches"]
+__all__ = ["calibration_text", "example_keywords", "input_norms", "run_with_inputs", "spread_blocks",
+           "text_batches"]
 
 
 def input_norms(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -82,14 +83,20 @@ def text_batches(model: nn.Module, spec: str, seq_len: int, batches: int, batch_
     Raises:
         DataError: for a spec that is not text, or a model without a tokenizer folder.
     """
+    ids, mask = spread_blocks(model, spec, "train", seq_len, batches * batch_size)
+    return [{"input_ids": ids[i:i + batch_size], "attention_mask": mask[i:i + batch_size]}
+            for i in range(0, len(ids), batch_size)]
+
+
+def spread_blocks(model: nn.Module, spec: str, split: str, seq_len: int, count: int) -> tuple[Any, Any]:
+    """``count`` blocks of ``seq_len`` tokens evenly spaced across ``spec``'s ``split``, tokenized by the model's own
+    tokenizer: token ids and attention mask (see :func:`optkit.data.text.token_blocks`, ``spread``)."""
     from optkit.analysis.evaluation import DataReaders
 
     config = getattr(model, "config", None)
-    ids, mask = DataReaders(model).token_blocks(
-        spec, "train", seq_len, batches * batch_size, vocab_size=getattr(config, "vocab_size", None),
-        max_positions=getattr(config, "max_position_embeddings", None), spread=True)
-    return [{"input_ids": ids[i:i + batch_size], "attention_mask": mask[i:i + batch_size]}
-            for i in range(0, len(ids), batch_size)]
+    return DataReaders(model).token_blocks(spec, split, seq_len, count, vocab_size=getattr(config, "vocab_size", None),
+                                           max_positions=getattr(config, "max_position_embeddings", None),
+                                           spread=True)
 
 
 def example_keywords(model: nn.Module, spec: PruneSpec) -> dict[str, Any]:

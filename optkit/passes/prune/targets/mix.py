@@ -178,14 +178,10 @@ def _search_blockwise(target: MixTarget, spec: PruneSpec, model: nn.Module, stru
 def _val_rows(model: nn.Module, spec: PruneSpec) -> tuple[Any, Any, Any]:
     """:data:`VAL_BLOCKS` rows of the text's ``val`` split, evenly spaced across it: token ids, attention mask and
     the next token at each position but the last (ignored past the text)."""
-    from optkit.analysis.evaluation import DataReaders
     from optkit.kinds.tokens import IGNORE
+    from optkit.passes.prune.hf.calibration import spread_blocks
 
-    config = model.config
-    ids, mask = DataReaders(model).token_blocks(spec.data, "val", spec.input_shape[-1], VAL_BLOCKS,
-                                                vocab_size=getattr(config, "vocab_size", None),
-                                                max_positions=getattr(config, "max_position_embeddings", None),
-                                                spread=True)
+    ids, mask = spread_blocks(model, spec.data, "val", spec.input_shape[-1], VAL_BLOCKS)
     return ids, mask, ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE)
 
 
@@ -196,7 +192,6 @@ def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple
     width that meets the target, sized on the meta device; ``(plan, planned fraction)`` for those within the
     target's tolerance (at least 0.02)."""
     from optkit.passes.prune.hf.blockwise import Plan, check_plan, fit_mlp, full_plan, head_options
-    from optkit.passes.prune.targets.configs import MacsTarget, ParamsTarget
     from optkit.passes.prune.targets.ratio import uniform_heads
 
     attention = structure.attentions[0]
@@ -209,8 +204,7 @@ def mix_plans(model: nn.Module, structure: Any, target: MixTarget) -> list[tuple
         if valid:
             options.append(min(valid, key=lambda o: (abs(1 - o[0] * o[1] / heads - share), -o[0])))
     options += [o for o in valid if o[1] == attention.groups]
-    kind = MacsTarget if target.measured == "macs" else ParamsTarget
-    uniform = uniform_heads(kind(target.fraction, target.tolerance, target.round_to), model, structure)
+    uniform = uniform_heads(_uniform_target(target), model, structure)
     if uniform is not None:
         options.append(uniform)
     options = list(dict.fromkeys(options))
@@ -228,15 +222,20 @@ def _uniform_instead(target: MixTarget, spec: PruneSpec, model: nn.Module, estim
                      structure: Any) -> PassResult:
     """The default allocation on a model too large to score its plans within :data:`SCORE_BUDGET_S`: the uniform
     cut (of ``structure``, the first block as parsed here), with a note saying why and how to measure anyway."""
-    from optkit.passes.prune.targets.configs import MacsTarget, ParamsTarget
     from optkit.passes.prune.targets.ratio import search as uniform_search
 
-    kind = MacsTarget if target.measured == "macs" else ParamsTarget
-    result = uniform_search(kind(target.fraction, target.tolerance, target.round_to), spec, model,
-                            structure=structure)
+    result = uniform_search(_uniform_target(target), spec, model, structure=structure)
     result.details["allocation"] = "uniform (split not measured: over its time budget)"
     result.details.setdefault("notes", []).insert(0, (
         f"structured_prune cut heads and MLP channels by the same share: measuring the split (the default for a "
         f"language model) would take about {estimate:.0f} s on this machine, over its budget of "
         f"{SCORE_BUDGET_S:.0f} s; --allocation sensitivity measures it anyway"))
     return result
+
+
+def _uniform_target(target: MixTarget) -> Any:
+    """The uniform cut's target for the same fraction of the same measure."""
+    from optkit.passes.prune.targets.configs import MacsTarget, ParamsTarget
+
+    kind = MacsTarget if target.measured == "macs" else ParamsTarget
+    return kind(target.fraction, target.tolerance, target.round_to)
