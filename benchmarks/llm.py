@@ -49,7 +49,7 @@ from _results import destination, partial_options  # noqa: E402
 from optkit.analysis.evaluation import DataReaders  # noqa: E402
 from optkit.core.files import write_text  # noqa: E402
 from optkit.io.models import load_model  # noqa: E402
-from optkit.passes.prune.passes import StructuredPrune  # noqa: E402
+from optkit.passes.prune.passes import CALIBRATION_BATCHES, DEEP_CUT, DEEP_CUT_BATCHES, StructuredPrune  # noqa: E402
 
 MODEL = ROOT / "optkit" / "demo" / "python_docs_lm"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -150,13 +150,22 @@ def main() -> None:
                 print(row, flush=True)
     record = {"command": "python benchmarks/llm.py " + " ".join(sys.argv[1:]),
               "model": str(MODEL.relative_to(ROOT)), "seq_len": SEQ_LEN, "threads": args.threads,
-              "calibration": {"batches": DEFAULTS.calibration_batches, "batch_size": DEFAULTS.batch_size,
-                              "split": "train"},
+              "calibration": {"batches": CALIBRATION_BATCHES, "deep_cut_batches": DEEP_CUT_BATCHES,
+                              "deep_cut": DEEP_CUT, "batch_size": DEFAULTS.batch_size, "split": "train"},
               "blocks": {s: sum(len(b["input_ids"]) for b in blocks) for s, blocks in splits.items()},
               "machine": f"{platform.machine()}, torch {torch.__version__}", "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "llm.json", json.dumps(record, indent=2) + "\n")
     write_text(out / "llm.md", markdown(record))
+
+
+def _calibration(calibration: dict) -> str:
+    """How many calibration blocks the methods given text read (older records hold one batch count)."""
+    batches = f"{calibration['batches']} batches of {calibration['batch_size']}"
+    if "deep_cut_batches" in calibration:
+        batches += (f" ({calibration['deep_cut_batches']} batches for {calibration['deep_cut']} of the parameters "
+                    "or fewer)")
+    return batches
 
 
 def markdown(record: dict) -> str:
@@ -166,8 +175,8 @@ def markdown(record: dict) -> str:
              f"Model: `{record['model']}` ({base['params']:,} parameters: 8 heads sharing 2 KV heads, hidden 256, "
              "MLP 512, 6 blocks, tied embeddings of 4,096 tokens that no method prunes). Nothing is trained after "
              "pruning. optkit's rows keep uniform widths across blocks, so the stock class reloads them. "
-             f"Calibration: {record['calibration']['batches']} batches of {record['calibration']['batch_size']} "
-             f"blocks of {record['seq_len']} tokens from the train split. Perplexity and next-token top-1 are "
+             f"Calibration: {_calibration(record['calibration'])} blocks of {record['seq_len']} tokens from the "
+             "train split. Perplexity and next-token top-1 are "
              f"measured by this script on every block of the val ({record['blocks']['val']} blocks) and test "
              f"({record['blocks']['test']} blocks) splits.", "",
              "| params kept (target) | method | params kept | heads / KV / hidden / MLP | val ppl | test ppl | "

@@ -1,9 +1,9 @@
 """Defaults by measurement for language models (#42): each pruning setting against optkit's default, one at a time.
 
 The default is what ``optkit optimize MODEL --target-params F --calib-data text:FILE`` runs with no other flag
-(``StructuredPrune(target_params=F, data=...)``: allocation and importance ``auto``, block inputs ``pruned``,
-refit on, 4 calibration batches of 16). Every other row sets one setting (a row that sets what the default
-resolves to repeats the default's figures). Nothing is trained after pruning;
+(``StructuredPrune(target_params=F, data=...)``: allocation and importance ``auto``, block inputs ``unpruned``,
+refit on, 4 calibration batches of 16, 16 for a cut to 0.55 of the parameters or fewer). Every other row sets one
+setting (a row that sets what the default resolves to repeats the default's figures). Nothing is trained after pruning;
 perplexity is measured here (``llm.perplexity``, apart from optkit) on every block of the model's val and test
 splits. A setting becomes a candidate default when it is the best of its factor on validation perplexity at every
 fraction by more than :data:`MARGIN` and takes at most :data:`TIME_BUDGET` times the default's pruning time; the
@@ -54,6 +54,7 @@ VARIANTS = (
     ("importance", "l1", {"importance": "l1"}),
     ("importance", "activation", {"importance": "activation"}),
     ("block inputs", "pruned", {"block_inputs": "pruned"}),
+    ("calibration batches", "4", {"calibration_batches": 4}),
     ("calibration batches", "16", {"calibration_batches": 16}),
     ("refit", "off", {"bias_correction": False}),
 )

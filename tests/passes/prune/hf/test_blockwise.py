@@ -300,6 +300,46 @@ def test_the_default_importance_is_activation_for_a_language_model_given_text_an
     assert weights["auto"].shape != weights["l1"].shape or not torch.equal(weights["auto"], weights["l1"])
 
 
+def test_a_language_model_cut_deeply_reads_more_calibration_text_by_default(tmp_path, monkeypatch):
+    """At half the parameters twice the calibration text chose a better split on two language models
+    (benchmarks/results/llm-defaults-*.md); at 0.6 and above it gained 0.2 % or nothing, so lighter cuts and every
+    other model keep 4 batches, and a number given is used as given."""
+    from optkit.passes.prune import passes as prune_passes
+    from optkit.passes.prune.hf import calibration
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("some words\n" * 50)
+    model = _qwen(layers=1)
+    convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+    deep, light = prune_passes.DEEP_CUT_BATCHES, prune_passes.CALIBRATION_BATCHES
+    assert deep > light
+    data = f"text:{text}"
+    resolved = {
+        "params 0.5": StructuredPrune(target_params=0.5, data=data).resolved_calibration_batches(model),
+        "macs 0.55": StructuredPrune(target_macs=0.55, data=data).resolved_calibration_batches(model),
+        "ratio 0.5": StructuredPrune(ratio=0.5, data=data).resolved_calibration_batches(model),
+        "params 0.56": StructuredPrune(target_params=0.56, data=data).resolved_calibration_batches(model),
+        "params 0.8": StructuredPrune(target_params=0.8, data=data).resolved_calibration_batches(model),
+        "default ratio": StructuredPrune(data=data).resolved_calibration_batches(model),
+        "no text": StructuredPrune(target_params=0.5).resolved_calibration_batches(model),
+        "images": StructuredPrune(target_macs=0.3, data="fashion-mnist").resolved_calibration_batches(convnet),
+        "given": StructuredPrune(target_params=0.5, data=data, calibration_batches=3).resolved_calibration_batches(model),
+    }
+    assert resolved == {"params 0.5": deep, "macs 0.55": deep, "ratio 0.5": deep, "params 0.56": light,
+                        "params 0.8": light, "default ratio": light, "no text": light, "images": light, "given": 3}
+
+    from optkit.io.models import load_model
+
+    shipped = load_model("hf:optkit/demo/python_docs_lm").eval()
+    real = calibration.text_batches
+    read = {}
+    for ratio in (0.5, 0.2):
+        monkeypatch.setattr(calibration, "text_batches", lambda *a, r=ratio: read.setdefault(r, set()).add(a[3])
+                            or real(*a))
+        StructuredPrune(ratio=ratio, data=data, input_shape=(1, 16), batch_size=2).apply(copy.deepcopy(shipped))
+    assert read == {0.5: {deep}, 0.2: {light}}
+
+
 def test_the_measured_split_tries_the_heads_the_uniform_cut_keeps_even_past_half_of_them():
     from optkit.passes.prune.targets.configs import MixTarget, ParamsTarget
     from optkit.passes.prune.targets.mix import HEAD_SHARES, mix_plans
