@@ -19,7 +19,8 @@ fraction of parameters kept it is pruned, with nothing trained afterwards:
   ``(1 - ratio)**2`` is the fraction (its achieved fraction is listed).
 
 Calibration reads ``calibration_batches × batch_size`` blocks of the *train*
-split; validation scoring (``mix``) the first 64 blocks of *val*; perplexity
+split and validation scoring (``mix``) 64 blocks of *val*, both evenly spaced
+across their split; perplexity
 is measured here, apart from optkit, on every block of the val and test splits
 (sequence length 128). Run from the repository root::
 
