@@ -160,24 +160,16 @@ def main() -> None:
     write_text(out / "llm.md", markdown(record))
 
 
-def _calibration(calibration: dict) -> str:
-    """How many calibration blocks the methods given text read (older records hold one batch count)."""
-    batches = f"{calibration['batches']} batches of {calibration['batch_size']}"
-    if "deep_cut_batches" in calibration:
-        batches += (f" ({calibration['deep_cut_batches']} batches for {calibration['deep_cut']} of the parameters "
-                    "or fewer)")
-    return batches
-
-
 def markdown(record: dict) -> str:
-    base = record["rows"][0]
+    base, calibration = record["rows"][0], record["calibration"]
     lines = ["# Pruning the shipped language model to a parameter target, without training", "",
              f"Command: `{record['command'].strip()}` ({record['threads']} thread; {record['machine']}).", "",
              f"Model: `{record['model']}` ({base['params']:,} parameters: 8 heads sharing 2 KV heads, hidden 256, "
              "MLP 512, 6 blocks, tied embeddings of 4,096 tokens that no method prunes). Nothing is trained after "
              "pruning. optkit's rows keep uniform widths across blocks, so the stock class reloads them. "
-             f"Calibration: {_calibration(record['calibration'])} blocks of {record['seq_len']} tokens from the "
-             "train split. Perplexity and next-token top-1 are "
+             f"Calibration: {calibration['batches']} batches of {calibration['batch_size']} "
+             f"({calibration['deep_cut_batches']} batches for {calibration['deep_cut']} of the parameters or fewer) "
+             f"blocks of {record['seq_len']} tokens from the train split. Perplexity and next-token top-1 are "
              f"measured by this script on every block of the val ({record['blocks']['val']} blocks) and test "
              f"({record['blocks']['test']} blocks) splits.", "",
              "| params kept (target) | method | params kept | heads / KV / hidden / MLP | val ppl | test ppl | "

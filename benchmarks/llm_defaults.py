@@ -146,7 +146,7 @@ def verdict(rows: list[dict], fractions: list[float]) -> dict:
 
 
 def markdown(record: dict) -> str:
-    trained = f"train-lm-{record.get('name', '')}.md"
+    trained = f"train-lm-{record['name']}.md"
     how = f" (trained as `benchmarks/results/{trained}` records)" if (RESULTS / trained).exists() else ""
     lines = [f"# Defaults by measurement, language model `{record['model']}`{how}", "",
              f"Command: `{record['command'].strip()}` ({record['threads']} threads; {record['machine']}). "
