@@ -5,8 +5,9 @@ latency at 2 threads, batch 1), three ways to meet it, in the same run:
 
 * **joint**: ``optkit optimize MODEL --target-latency F --export onnx --deploy --calib-data fashion-mnist``
   (each candidate deployment pruned just enough, the most accurate on the val split kept);
-* **(a) prune, then deploy**: ``StructuredPrune(target_latency=F)`` (measured in ONNX Runtime FP32), then
-  ``choose_deployment`` on the pruned model (the fastest verified deployment);
+* **(a) prune, then deploy**: ``StructuredPrune(target_latency=F)`` (measured in ONNX Runtime FP32), its
+  BatchNorm statistics re-estimated on 10 training batches (``--recalibrate-bn 10``, what the joint search does to
+  every pruned try), then ``choose_deployment`` on the pruned model (the fastest verified deployment);
 * **(b) quantization alone**: ``choose_deployment`` on the unpruned model.
 
 The three chosen deployments and the unpruned ONNX Runtime FP32 file are then timed again in one interleaved run
@@ -52,6 +53,7 @@ from optkit.demo import FASHION_RESNET
 from optkit.export.onnx import export_onnx
 from optkit.io import models as model_io
 from optkit.model.stats import count_macs
+from optkit.passes.batchnorm.passes import RecalibrateBatchNorm
 from optkit.passes.deploy.choose import choose_deployment
 from optkit.passes.deploy.settings import DeploySettings
 from optkit.passes.prune.passes import StructuredPrune
@@ -59,7 +61,8 @@ from optkit.passes.quantize.calibration import load_batches
 from optkit.runtime import openvino as ov
 from optkit.runtime.onnxrt import onnx_session
 
-MODELS = ("fashion", "resnet50", "mobilenet_v2", "efficientnet_b0")
+#: Rows in order of cost (resnet50's take longest), so a run stopped early keeps the most rows.
+MODELS = ("fashion", "mobilenet_v2", "efficientnet_b0", "resnet50")
 BUDGETS = (0.5, 0.3)
 THREADS = 2
 BATCH = 1
@@ -141,6 +144,7 @@ def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
     start = time.perf_counter()
     pruned = StructuredPrune(target_latency=fraction, input_shape=shape, latency_threads=THREADS,
                              latency_batch=BATCH).apply(model).model
+    RecalibrateBatchNorm(data=DATA, batches=10, input_shape=shape).apply(pruned)
     ways.append({**deployed(pruned, shape, folder / "a", "a", args, macs), "search_s": round(time.perf_counter() - start, 1)})
     ways.append(deployed(model, shape, folder / "b", "b", args, macs))
     timed = interleaved_latency([Deployment(folder / "unpruned.onnx"),
@@ -212,6 +216,7 @@ def language_row(multiple: float, args, scratch: Path) -> dict:
         frontier = (deploy.get("budget") or {}).get("points")
         ways.append({"way": way, "deployment": chosen["name"], "decode_path": step,
                      "perplexity": _perplexity(deploy, chosen, frontier), "frontier": frontier,
+                     "candidates": [_token_candidate(c) for c in deploy["candidates"]],
                      "search_s": round(time.perf_counter() - start, 1)})
     timed = [w for w in ways if "error" not in w]
     speeds = decode_timer([baseline, *(w["decode_path"] for w in timed)], prompt_tokens=decode.PROMPT_TOKENS,
@@ -221,6 +226,14 @@ def language_row(multiple: float, args, scratch: Path) -> dict:
         way["decode_path"] = way["decode_path"].name
     return {"model": LM_NAME, "decode_target": multiple, "fp32_tokens_per_s": speeds[0]["tokens_per_s"],
             "target_tokens_per_s": target, "ways": ways}
+
+
+def _token_candidate(candidate: dict) -> dict:
+    """A token deployment as ``--deploy`` checked and timed it: decode speed-up over FP32, perplexity ratio."""
+    check, latency = candidate.get("check") or {}, candidate.get("latency") or {}
+    return {"name": candidate["name"], "status": candidate["status"], "speedup": candidate.get("speedup"),
+            "tokens_per_s": latency.get("tokens_per_s"), "perplexity_ratio": check.get("perplexity_ratio"),
+            "reason": candidate.get("reason")}
 
 
 def _perplexity(deploy: dict, chosen: dict, frontier: list | None) -> float | None:
@@ -252,6 +265,7 @@ def to_markdown(report: dict) -> str:
                          f"{way['deployment']} | {way['macs_fraction']:.3f} | {way['ms']:.3g} ({way['fraction']:.3f}) | "
                          f"{'yes' if way['meets'] else 'no'} | {way['accuracy']:.2%} | "
                          f"{way.get('efficiency') or '–'} | {way.get('search_s', '–')} |")
+    lines += _image_summary([r for r in report["rows"] if "error" not in r])
     if report.get("language"):
         lines += ["", "The shipped language model (decode tokens/s at 2 threads, batch 1, a step after a "
                   f"{LM_PROMPT_WORDS}; validation perplexity from each deployment's check; (a) is not defined for a "
@@ -273,7 +287,48 @@ def to_markdown(report: dict) -> str:
                 lines.append(f"| {target} | {label} | {way['deployment']} | {way['tokens_per_s']:.0f} "
                              f"({ratio:.2f}) | {'yes' if way['meets'] else 'no'} | {perplexity} | "
                              f"{way['search_s']} |")
+        lines += _token_candidates(report["language"])
     return "\n".join(lines) + "\n"
+
+
+def _image_summary(rows: list[dict]) -> list[str]:
+    """How many image rows the joint search met, and on how many its accuracy was at least, or above, the best
+    of the ways (a) and (b) that met the budget too."""
+    if not rows:
+        return []
+    met = [r for r in rows if r["ways"][0]["meets"]]
+    verdicts = [r["verdict"] for r in met]
+    at_least = sum(v in ("better", "equal", "joint met it; neither (a) nor (b) did") for v in verdicts)
+    return ["", f"The joint search met the budget, timed again, on {len(met)} of {len(rows)} rows; its accuracy was at "
+            f"least the best of (a) and (b) that met it on {at_least} of them, higher on "
+            f"{sum(v == 'better' for v in verdicts)}, and neither (a) nor (b) met the budget on "
+            f"{sum(v.startswith('joint met it') for v in verdicts)}."]
+
+
+def _token_candidates(rows: list[dict]) -> list[str]:
+    """Every deployment ``--deploy`` tried on the unpruned language model, and whether weight-only INT4 reached
+    2x FP32 decode at 1.05x perplexity or less."""
+    candidates = next((w["candidates"] for row in rows for w in row.get("ways", ())
+                       if w["way"] == "b" and w.get("candidates")), None)
+    if not candidates:
+        return []
+    lines = ["", "Every deployment of the unpruned model, as (b)'s ``--deploy`` checked and timed it (decode tokens/s "
+             "in its timing run; perplexity over the FP32 ONNX file's on the validation text):", "",
+             "| deployment | status | decode tokens/s | × FP32 | perplexity × FP32 | reason |",
+             "|---|---|---:|---:|---:|---|"]
+    def cell(value, spec):
+        return "–" if value is None else format(value, spec)
+    for c in candidates:
+        lines.append(f"| {c['name']} | {c['status']} | {cell(c['tokens_per_s'], '.0f')} | {cell(c['speedup'], '.2f')} | "
+                     f"{cell(c['perplexity_ratio'], '.4f')} | {(c['reason'] or '').replace('|', '/')} |")
+    int4 = [c for c in candidates if c["name"].endswith("-w4") and c["speedup"] is not None]
+    if int4:
+        best = max(int4, key=lambda c: c["speedup"])
+        met = best["speedup"] >= 2.0 and (best["perplexity_ratio"] or 0.0) <= 1.05
+        lines += ["", f"Weight-only INT4: the fastest, {best['name']}, decodes at {best['speedup']:.2f}x FP32 with "
+                  f"{cell(best['perplexity_ratio'], '.4f')}x its perplexity: the 2x at 1.05x target is "
+                  f"{'met' if met else 'not met'}."]
+    return lines
 
 
 def plot(report: dict, path: Path) -> None:
@@ -323,17 +378,7 @@ def main(argv: list[str] | None = None) -> None:
               "load_avg_at_start": [round(v, 2) for v in os.getloadavg()],
               "config": {"threads": THREADS, "batch": BATCH, "repeats": args.repeats, "test_samples": args.test_samples,
                          "train_steps": args.train_steps}, "rows": []}
-    with tempfile.TemporaryDirectory(prefix="optkit-budget-bench-") as scratch:
-        for name in filter(None, args.models.split(",")):
-            for fraction in (float(f) for f in args.budgets.split(",")):
-                try:
-                    report["rows"].append(run_row(name, fraction, args, Path(scratch)))
-                except Exception as e:  # one row's failure is a row of the report, not the end of the run
-                    report["rows"].append({"model": name, "budget_fraction": fraction,
-                                           "error": f"{type(e).__name__}: {e}"})
-                print(json.dumps(report["rows"][-1], default=str), flush=True)
-                # Written after every row, so an interrupted run keeps what it measured.
-                write_results(report, out)
+    # The language rows first: they are the shortest.
     if not args.no_language:
         report["language"] = []
         with tempfile.TemporaryDirectory(prefix="optkit-budget-lm-") as scratch:
@@ -344,6 +389,17 @@ def main(argv: list[str] | None = None) -> None:
                     report["language"].append({"model": LM_NAME, "decode_target": multiple,
                                                "error": f"{type(e).__name__}: {e}"})
                 print(json.dumps(report["language"][-1], default=str), flush=True)
+                write_results(report, out)
+    with tempfile.TemporaryDirectory(prefix="optkit-budget-bench-") as scratch:
+        for name in filter(None, args.models.split(",")):
+            for fraction in (float(f) for f in args.budgets.split(",")):
+                try:
+                    report["rows"].append(run_row(name, fraction, args, Path(scratch)))
+                except Exception as e:  # one row's failure is a row of the report, not the end of the run
+                    report["rows"].append({"model": name, "budget_fraction": fraction,
+                                           "error": f"{type(e).__name__}: {e}"})
+                print(json.dumps(report["rows"][-1], default=str), flush=True)
+                # Written after every row, so an interrupted run keeps what it measured.
                 write_results(report, out)
     report["load_avg_at_end"] = [round(v, 2) for v in os.getloadavg()]
     write_results(report, out)

@@ -467,7 +467,7 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
     metric = budget["metric"]
     lines = ["", "### Latency budget", "",
              f"Budget: {budget['asked']}. Each deployment that passed its checks was pruned just enough to meet it, "
-             f"measured in its own runtime; those that met it were scored on the data's val split and the best "
+             f"measured in its own runtime and timed once more (ms: the slower of the two); those that met it both times were scored on the data's val split and the best "
              f"{metric} was chosen. Efficiency is the measured speed-up in that deployment × the MACs kept (1.00: "
              "the time fell as much as the MACs).", "",
              f"| deployment | status | MACs kept | params kept | unpruned ms | ms | speed-up | efficiency | {metric} | "

@@ -20,7 +20,12 @@ time is measured in the deployment itself, channel cuts that do not pay there
 measured speed-up and are corrected away, never taken on a prediction.
 
 Of each candidate's tries that meet the budget, the least pruned one (most MACs)
-is its point on the frontier; every such point is scored on the ``val`` split of
+is timed once more, all of them in one interleaved run (rescaled the same way),
+and keeps its place only if it meets the budget again; else the candidate's next
+least pruned try that met it is confirmed the same way. A ~1 ms model's time
+moves 15–20 % between timing runs on a small machine, so a try that met the
+budget once by luck would otherwise be chosen and then miss it when deployed.
+The confirmed try is its point on the frontier; every such point is scored on the ``val`` split of
 the data given (accuracy for images), and the most accurate is chosen (the
 faster one on a tie). A budget no candidate reaches is an error naming the
 fastest latency any try reached.
@@ -72,8 +77,10 @@ class Try:
         macs_fraction, params_fraction: the pruned model's MACs and parameters over the unpruned model's.
         ms: its measured latency (rescaled to the first timing run, see the module docstring), or ``None`` when
             it failed its check.
-        meets: whether ``ms`` is within the budget (and :data:`MEET_TOLERANCE`).
+        meets: whether ``ms`` (and ``confirmed_ms``, once timed) is within the budget (and
+            :data:`MEET_TOLERANCE`).
         reason: why it was not timed (the pruner could not reach the aim, or the candidate failed its check).
+        confirmed_ms: its time in the confirming run, for the tries that run timed again.
     """
 
     aim: float
@@ -82,6 +89,7 @@ class Try:
     ms: float | None = None
     meets: bool = False
     reason: str | None = None
+    confirmed_ms: float | None = None
 
 
 @dataclass
@@ -95,8 +103,8 @@ class Point:
             ``unavailable`` (failed its check on the unpruned model, or cannot run here).
         unpruned_ms: its latency on the unpruned model.
         tries: every pruned model tried in it, in order.
-        macs_fraction, params_fraction, ms: its point: the least pruned try that met the budget (or, when
-            none did, the fastest try).
+        macs_fraction, params_fraction, ms: its point: the least pruned try that met the budget twice (``ms``
+            the slower of its two times), or, when none did, the fastest try.
         speedup: its unpruned latency over ``ms``.
         efficiency: ``speedup`` x ``macs_fraction``: 1.0 when the time fell as much as the MACs did.
         score: what it scored on the data (``{"accuracy": ...}``), for the points that met the budget.
@@ -199,24 +207,24 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
         if not aims:
             break
         aims = run.round(round_ + 1, aims)
+    run.confirm(ready)
     meeting = run.settle(ready)
     if not meeting:
         raise OptkitError(_unreachable(run.points.values(), run.budget_ms, tokens_per_step))
     chosen = run.choose(meeting)
-    return SearchResult(chosen, run.models[chosen.name], list(run.points.values()), run.budget_ms, baseline,
+    return SearchResult(chosen, run.model(chosen), list(run.points.values()), run.budget_ms, baseline,
                         deployer.metric)
 
 
 class _Search:
-    """One search's state: every candidate's point, the builds and models of the tries that met the budget, and
-    the pruned models by aim (shared between candidates)."""
+    """One search's state: every candidate's point, the build and model of every try that met the budget (by the
+    try's ``id``), and the pruned models by aim (shared between candidates)."""
 
     def __init__(self, deployer: Deployer, prune: Pruner, unpruned_model: Any):
         self.deployer, self.prune, self.unpruned_model = deployer, prune, unpruned_model
         self.points: dict[str, Point] = {}
         self.built: dict[str, Candidate] = {}
-        self.models: dict[str, Any] = {}
-        self.kept: dict[str, Candidate] = {}
+        self.met: dict[int, tuple[Candidate, Any]] = {}
         self.cache: dict[float, Any] = {}
         self.baseline = self.budget_ms = 0.0
 
@@ -254,7 +262,7 @@ class _Search:
             point.tries.append(Try(1.0, 1.0, 1.0, ms, self.meets(ms)))
             faster = _same_math_faster(self.built[name], unpruned, self.built)
             if self.meets(ms):
-                self.models[name], self.kept[name] = self.unpruned_model, self.built[name]
+                self.met[id(point.tries[-1])] = (self.built[name], self.unpruned_model)
             elif faster is not None:
                 point.status = "dominated"
                 point.reason = (f"computes as {faster} does, which is {DOMINATED:.0%} or more faster unpruned "
@@ -299,14 +307,32 @@ class _Search:
             attempt.ms = ms * self.baseline / now
             attempt.meets = self.meets(attempt.ms)
             tries = self.points[name].tries
-            if attempt.meets and _best(self.points[name]) is attempt:
-                self.models[name], self.kept[name] = pruned, candidate
+            if attempt.meets:
+                self.met[id(attempt)] = (candidate, pruned)
             if attempt.meets and attempt.ms >= self.budget_ms * (1 - SLACK):
                 continue
             aim = _on_grid(_next_aim(tries, self.target))
             if aim >= MIN_AIM and all(aim != t.aim for t in tries):
                 following[name] = aim
         return following
+
+    def confirm(self, ready: Sequence[str]) -> None:
+        """Time each searched candidate's least pruned try that met the budget again, all in one interleaved run;
+        a try over the budget this time no longer meets it, and the candidate's next one is confirmed in the
+        following run, until every candidate's best try is confirmed or it has none left."""
+        confirmed: set[int] = set()
+        while True:
+            pending = [best for name in ready if self.points[name].status != "dominated"
+                       and (best := _best(self.points[name])) is not None and id(best) not in confirmed]
+            if not pending:
+                return
+            shown = progress(STAGE, "least pruned tries that met the budget timed again", 1)
+            now, measured = self.deployer.time([self.met[id(attempt)][0] for attempt in pending])
+            for attempt, ms in zip(pending, measured):
+                attempt.confirmed_ms = ms * self.baseline / now
+                attempt.meets = self.meets(attempt.confirmed_ms)
+                confirmed.add(id(attempt))
+            shown.step(detail=f"{sum(a.meets for a in pending)} of {len(pending)} met it again")
 
     def settle(self, ready: Sequence[str]) -> list[Point]:
         """Each searched candidate's point (its least pruned try that met the budget, else its fastest); those
@@ -317,8 +343,9 @@ class _Search:
             if point.status == "dominated":
                 continue
             best = _best(point) or min((t for t in point.tries if t.ms is not None), key=lambda t: t.ms)
-            point.macs_fraction, point.params_fraction, point.ms = best.macs_fraction, best.params_fraction, best.ms
-            point.speedup = round(point.unpruned_ms / best.ms, 4)
+            point.macs_fraction, point.params_fraction = best.macs_fraction, best.params_fraction
+            point.ms = max(best.ms, best.confirmed_ms or best.ms)
+            point.speedup = round(point.unpruned_ms / point.ms, 4)
             point.efficiency = round(point.speedup * best.macs_fraction, 4)
             if best.meets:
                 point.status = "met"
@@ -333,7 +360,7 @@ class _Search:
         metric = self.deployer.metric
         shown = progress(STAGE, "deployments that met the budget scored", len(meeting))
         for point in meeting:
-            point.score = self.deployer.score(self.kept[point.name])
+            point.score = self.deployer.score(self._build(point))
             shown.step(detail=f"{point.name}: {metric} {_figure(point, metric)}")
         sign = -1 if metric == "perplexity" else 1
         chosen = max(meeting, key=lambda p: (sign * p.score[metric], -p.ms))
@@ -343,6 +370,13 @@ class _Search:
                 point.reason = (f"met the budget, but {metric} {_figure(point, metric)} against "
                                 f"{_figure(chosen, metric)}")
         return chosen
+
+    def _build(self, point: Point) -> Candidate:
+        return self.met[id(_best(point))][0]
+
+    def model(self, point: Point) -> Any:
+        """The model of ``point``'s confirmed try."""
+        return self.met[id(_best(point))][1]
 
 
 def _same_math_faster(candidate: Candidate, unpruned: dict[str, float], built: dict[str, Candidate]) -> str | None:

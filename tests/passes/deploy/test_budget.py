@@ -4,6 +4,7 @@ timed again."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -62,6 +63,30 @@ def test_the_deployer_builds_times_and_scores_each_model_in_its_own_runtime(tmp_
         expected = np.mean([int(p == y) for x, labels in zip(val.inputs, val.labels)
                             for p, y in zip(model(torch.from_numpy(x)).argmax(1).tolist(), labels)])
     assert deployer.score(unpruned)["accuracy"] == pytest.approx(expected, abs=1.5 / val.samples)
+
+
+def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the_data(monkeypatch):
+    """The search's pruner re-estimates a copy's BatchNorm statistics on the data's train split: the stem's
+    running mean becomes the mean of its convolution's output over those images, computed here directly."""
+    from optkit.core.contract import PassResult
+    from optkit.data import load_dataset
+    from optkit.passes.deploy.budget import _batchnorm_recalibration, _pruner
+
+    model = Depthwise().eval()
+    halved = StructuredPrune(ratio=0.5, round_to=8, input_shape=SHAPE)(Depthwise().eval())
+    monkeypatch.setattr(StructuredPrune, "apply", lambda self, m: PassResult(copy.deepcopy(halved), {}))
+    recalibration = _batchnorm_recalibration(model, DATA, SHAPE)
+    engine = StructuredPrune(target_latency=0.5, input_shape=SHAPE)
+    pruned, macs, params = _pruner(engine, DeploySettings(calib_data=DATA), model, SHAPE, 1, False, recalibration)(0.5)
+
+    images = torch.stack([image for image, _ in load_dataset(DATA, "train", augment=False)])
+    assert len(images) % recalibration.batch_size == 0  # every image is in one of the equal batches
+    with torch.no_grad():
+        expected = pruned.stem[0](images).mean(dim=(0, 2, 3))
+    torch.testing.assert_close(pruned.stem[1].running_mean, expected, rtol=1e-4, atol=1e-5)
+    assert pruned.stem[1].num_features == 16 and 0.2 < macs < 0.5 and 0.2 < params < 0.5
+    assert torch.equal(model.stem[1].running_mean, torch.zeros(32))  # the caller's model is as it was
+    assert _batchnorm_recalibration(nn.Sequential(nn.Conv2d(3, 4, 1)), DATA, SHAPE) is None
 
 
 def test_recheck_and_plot_say_whether_the_chosen_deployment_still_meets_the_budget(tmp_path):

@@ -228,3 +228,27 @@ def test_a_time_within_the_timing_tolerance_of_the_budget_meets_it():
     assert points["onnxruntime-fp32"].tries == [points["onnxruntime-fp32"].tries[0]]  # met unpruned: no pruning
     assert points["onnxruntime-fp32"].macs_fraction == 1.0
     assert points["onnxruntime-int8"].macs_fraction < 1.0  # just over the tolerance: pruned
+
+
+def test_a_try_that_met_the_budget_by_luck_is_timed_again_and_its_next_try_chosen():
+    """Each model's first timing here is 10 % fast (a lucky run); the confirming run times it as it is. The less
+    pruned try that met 5 ms only by luck (0.52 of the MACs: 5.2 ms) is dropped for the next one that met it
+    (0.48: 4.8 ms), and the shipped model is that one."""
+    deployer = FakeDeployer({"openvino-fp32": Runtime(10.0, 0.92)})
+    seen: set[float] = set()
+
+    def lucky_once(candidates):
+        baseline, times = FakeDeployer.time(deployer, candidates)
+        lucky = [ms * (1.0 if c.built in seen or c.built == 1.0 else 0.9) for c, ms in zip(candidates, times)]
+        seen.update(c.built for c in candidates)
+        return baseline, lucky
+
+    deployer.time = lucky_once
+    result = search(["openvino-fp32"], deployer, prune, budget=5.0, unit="ms", unpruned_model="full")
+    tries = {t.aim: t for t in result.chosen.tries}
+    assert sorted(tries) == [0.48, 0.52, 1.0]
+    assert tries[0.52].ms == pytest.approx(4.68) and tries[0.52].confirmed_ms == pytest.approx(5.2)
+    assert not tries[0.52].meets and tries[0.48].meets
+    assert result.chosen.macs_fraction == 0.48 and result.model == 0.48
+    assert result.chosen.ms == pytest.approx(4.8)  # the slower of its two times
+    assert deployer.timed[-2:] == [[("openvino-fp32", 0.52)], [("openvino-fp32", 0.48)]]
