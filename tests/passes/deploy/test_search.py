@@ -8,6 +8,7 @@ so the choice is deterministic and the right answer is known.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
@@ -138,7 +139,8 @@ def test_aims_below_the_floor_are_not_tried():
     deployer = FakeDeployer({"onnxruntime-fp32": Runtime(100.0, 0.9)})
     with pytest.raises(OptkitError, match="no deployment meets the budget"):
         search(["onnxruntime-fp32"], deployer, prune, budget=100.0 * MIN_AIM / 2, unit="ms")
-    assert len(deployer.timed) == 1  # the unpruned timing only: nothing below MIN_AIM was pruned
+    # the unpruned timing and the baseline alone only: nothing below MIN_AIM was pruned
+    assert deployer.timed == [[("onnxruntime-fp32", 1.0)], []]
     deployer = FakeDeployer({"onnxruntime-fp32": Runtime(100.0, 0.9), "onnxruntime-int8": Runtime(4.0, 0.8)})
     result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms")
     fp32 = next(p for p in result.points if p.name == "onnxruntime-fp32")
@@ -151,7 +153,7 @@ def test_times_are_rescaled_by_the_baseline_so_load_between_runs_does_not_move_t
     deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9)})
     calm = search(["onnxruntime-fp32"], deployer, prune, budget=6.0, unit="ms").chosen
     deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9)})
-    runs = iter([1.0, 1.5, 1.5, 1.5])  # the machine gets busier after the first run
+    runs = itertools.chain([1.0, 1.0], itertools.repeat(1.5))  # the machine gets busier after the first runs
 
     def busier(candidates):
         deployer.load = next(runs)
@@ -252,3 +254,37 @@ def test_a_try_that_met_the_budget_by_luck_is_timed_again_and_its_next_try_chose
     assert result.chosen.macs_fraction == 0.48 and result.model == 0.48
     assert result.chosen.ms == pytest.approx(4.8)  # the slower of its two times
     assert deployer.timed[-2:] == [[("openvino-fp32", 0.52)], [("openvino-fp32", 0.48)]]
+
+
+def test_times_are_scaled_to_the_unpruned_file_timed_alone_as_it_is_deployed():
+    """Here every file runs 10 % slower for each other file in its timing run. Among three, the INT4 candidate's
+    4.5 ms reads 5.4 and would miss 5 ms; scaled by the unpruned file's time alone it meets it unpruned."""
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.95), "onnxruntime-w4": Runtime(4.5, 0.9)})
+
+    def crowded(candidates):
+        deployer.load = 1 + 0.1 * len(candidates)
+        return FakeDeployer.time(deployer, candidates)
+
+    deployer.time = crowded
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms", unpruned_model="full")
+    w4 = next(p for p in result.points if p.name == "onnxruntime-w4")
+    assert result.baseline_ms == pytest.approx(BASELINE_MS)
+    assert w4.tries[0].ms == pytest.approx(4.5) and w4.macs_fraction == 1.0 and w4.status in ("met", "chosen")
+    assert deployer.timed[1] == []  # the unpruned file alone, right after the first run
+
+
+def test_a_more_pruned_try_timed_slower_by_noise_does_not_end_the_search():
+    """The first try (aim 0.84) reads slower than the unpruned model: the next aim is scaled from it, not from
+    the unpruned model (which would ask for 0.84 again and stop there, missing the budget)."""
+    deployer = FakeDeployer({"onnxruntime-w4": Runtime(10.0, 0.9)})
+
+    def noisy(candidates):
+        baseline, times = FakeDeployer.time(deployer, candidates)
+        return baseline, [10.2 if c.built == 0.84 else ms for c, ms in zip(candidates, times)]
+
+    deployer.time = noisy
+    result = search(["onnxruntime-w4"], deployer, prune, budget=8.8, unit="ms")
+    aims = [t.aim for t in result.chosen.tries]
+    # 8.8 x 0.97 / 10 = 0.854 and 0.84 x 8.8 x 0.97 / 10.2 = 0.703, each on the 0.02 grid
+    assert aims[:3] == [1.0, 0.84, 0.7]
+    assert result.chosen.status == "chosen" and result.chosen.ms <= 8.8 * (1 + MEET_TOLERANCE)
