@@ -580,6 +580,12 @@ def _opener(target: Deployment, shape: tuple[int, ...], threads: int):
     return open_onnxruntime
 
 
+def onnx_median_ms(path: str, input_shape: list[int], threads: int, repeats: int) -> float:
+    """The median ms per call of one ONNX file in ONNX Runtime, timed alone (a JSON-friendly
+    :func:`interleaved_latency` for :func:`optkit.analysis.fresh.call_fresh`)."""
+    return interleaved_latency([path], input_shape, threads=threads, warmup=3, repeats=repeats)[0].median_ms
+
+
 def time_callable(fn, *, warmup: int = 3, repeats: int = 20) -> dict[str, float]:
     """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
 

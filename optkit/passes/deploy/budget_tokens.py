@@ -85,6 +85,13 @@ class TokenDeployer:
         by_candidate = dict(zip(map(id, others), speeds[1:]))
         return speeds[0]["median_ms"], [by_candidate.get(id(c), speeds[0])["median_ms"] for c in candidates]
 
+    def baseline_alone(self) -> float:
+        from optkit.analysis.fresh import call_fresh
+        from optkit.export import decode
+
+        return call_fresh("optkit.passes.deploy.tokens:decode_median_ms", path=str(decode.decode_path(self.unpruned)),
+                          prompt_tokens=self.prompt, threads=self.threads, batch=self.settings.batch)
+
     def score(self, candidate: Candidate) -> dict[str, Any]:
         perplexity = candidate.check.get("perplexity")
         if perplexity is None:

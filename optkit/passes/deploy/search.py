@@ -13,12 +13,12 @@ most :data:`CORRECTIONS` more rounds: down when the try missed the budget, up
 is interpolated between the tries closest to the budget on either side (the
 unpruned model is the try at aim 1.0), else extrapolated through the two closest. Every
 round's tries are timed in one interleaved run with the unpruned FP32 file, and
-each time is rescaled by that file's time in the run against its time alone
-(timed once, at the start), so load that comes and goes between runs does not
-move a candidate's figures, and neither does the number of files in a run: a
-file runs slower among many (the shipped language model's decode step: 2.3 ms
-alone, 2.6–2.7 ms among eight graphs, every graph about alike), and the budget
-is met by the file deployed alone. Because the
+each time is rescaled by that file's time in the run against its time alone in
+a fresh process (timed once, at the start), so load that comes and goes between
+runs does not move a candidate's figures, and neither does the state of the
+process that searches (see :mod:`optkit.analysis.fresh`: a file runs slower in
+it than where it is deployed, which matters for a budget in milliseconds or
+tokens/s). Because the
 time is measured in the deployment itself, channel cuts that do not pay there
 (depthwise blocks in a runtime that runs them slowly) show as a smaller
 measured speed-up and are corrected away, never taken on a prediction.
@@ -143,8 +143,11 @@ class Deployer(Protocol):
         ``verified`` when it passed, else ``refused``/``unavailable`` with a reason."""
 
     def time(self, candidates: Sequence[Candidate]) -> tuple[float, list[float]]:
-        """The unpruned ONNX Runtime FP32 file's time and each candidate's, in ms, in one interleaved run (no
-        candidates: that file timed alone)."""
+        """The unpruned ONNX Runtime FP32 file's time and each candidate's, in ms, in one interleaved run."""
+
+    def baseline_alone(self) -> float:
+        """The unpruned ONNX Runtime FP32 file's time in ms, timed alone in a fresh process (see
+        :mod:`optkit.analysis.fresh`)."""
 
     def score(self, candidate: Candidate) -> dict[str, float]:
         """``{metric: value}`` of a built candidate on the data."""
@@ -163,7 +166,8 @@ class SearchResult:
         model: its pruned model (the unpruned one when it needed no pruning).
         points: every candidate, in the order tried.
         budget_ms: the budget in ms per call.
-        baseline_ms: the unpruned ONNX Runtime FP32 file's time alone (every time is rescaled to it).
+        baseline_ms: the unpruned ONNX Runtime FP32 file's time alone in a fresh process (every time is rescaled
+            to it).
         metric: the score that decided.
     """
 
@@ -204,11 +208,11 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
     """
     run = _Search(deployer, prune, unpruned_model)
     ready = run.build_unpruned(names)
-    crowded, times = deployer.time([run.built[name] for name in ready])
-    baseline, _ = deployer.time([])
+    in_run, times = deployer.time([run.built[name] for name in ready])
+    baseline = deployer.baseline_alone()
     run.baseline = baseline
     run.budget_ms = budget * baseline if unit == "fraction" else budget
-    aims = run.first_aims({name: ms * baseline / crowded for name, ms in zip(ready, times)})
+    aims = run.first_aims({name: ms * baseline / in_run for name, ms in zip(ready, times)})
     for round_ in range(1 + CORRECTIONS):
         if not aims:
             break

@@ -324,6 +324,12 @@ def decode_timer(paths: list[Path], *, prompt_tokens: int, threads: int, batch: 
     return speeds
 
 
+def decode_median_ms(path: str, prompt_tokens: int, threads: int, batch: int) -> float:
+    """The median ms of a decode step of one decode graph, timed alone by :func:`decode_timer` (JSON-friendly, for
+    :func:`optkit.analysis.fresh.call_fresh`)."""
+    return decode_timer([Path(path)], prompt_tokens=prompt_tokens, threads=threads, batch=batch)[0]["median_ms"]
+
+
 def publish(candidate: Candidate, source: Path) -> dict[str, int]:
     """Move a token candidate's files beside ``source`` (nothing for the FP32 files); their sizes by name."""
     if (candidate.runtime, candidate.precision) == ("onnxruntime", "fp32"):

@@ -100,13 +100,27 @@ def fake_latency(runtime: str, precision: str | None, median_ms: float) -> Laten
                    1000.0 / median_ms, precision)
 
 
+def call_here(function: str, **arguments):
+    """What :func:`optkit.analysis.fresh.call_fresh` runs, run in this process instead (where set timers apply)."""
+    import importlib
+
+    module, name = function.split(":")
+    return getattr(importlib.import_module(module), name)(**arguments)
+
+
 @pytest.fixture
-def set_times(monkeypatch):
+def timed_here(monkeypatch):
+    """Timings meant for a fresh process (the latency budget's baseline) run in this one, through its timers."""
+    monkeypatch.setattr("optkit.analysis.fresh.call_fresh", call_here)
+
+
+@pytest.fixture
+def set_times(monkeypatch, timed_here):
     """``set_times({(runtime, precision): ms})``: every interleaved timing returns those medians (1 ms when not
     given), nothing is timed; it returns the list of calls, each ``[(Deployment, file size), ...]``.
 
     The baseline (a plain FP32 file) is ``("onnxruntime", None)``. ONNX Runtime INT8's own op-speed checks
-    get equal times, so it keeps every op group.
+    get equal times, so it keeps every op group. Timings meant for a fresh process get them too.
     """
     def install(medians: dict[tuple[str, str | None], float]) -> list[list]:
         calls: list[list] = []

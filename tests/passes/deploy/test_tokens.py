@@ -264,7 +264,7 @@ def _optimize_budget(folder: Path, corpus: Path, out: Path, budget: str, candida
                                      "--calib-data", f"text:{corpus}", "--no-latency", "--out", str(out)])
 
 
-def test_a_decode_budget_keeps_the_lowest_perplexity_deployment_that_meets_it(lm, tmp_path, monkeypatch):
+def test_a_decode_budget_keeps_the_lowest_perplexity_deployment_that_meets_it(lm, tmp_path, monkeypatch, timed_here):
     # 700 tokens/s is 1.43 ms a step: weight-only INT8 (1.3 ms) and INT4 (1.0 ms) meet it unpruned.
     _set_times(monkeypatch)
     folder, corpus = lm
@@ -286,7 +286,7 @@ def test_a_decode_budget_keeps_the_lowest_perplexity_deployment_that_meets_it(lm
     assert "### Latency budget" in (out / "report.md").read_text()
 
 
-def test_a_decode_budget_no_deployment_reaches_names_the_fastest_tokens_per_second(lm, tmp_path, monkeypatch):
+def test_a_decode_budget_no_deployment_reaches_names_the_fastest_tokens_per_second(lm, tmp_path, monkeypatch, timed_here):
     _set_times(monkeypatch)
     folder, corpus = lm
     # 5000 tokens/s is 0.2 ms a step, a fifth of INT4's 1.0 ms: no prune of the tiny model gets there (and the set
@@ -298,7 +298,7 @@ def test_a_decode_budget_no_deployment_reaches_names_the_fastest_tokens_per_seco
     assert not (tmp_path / "o").exists()
 
 
-def test_a_decode_budget_prunes_the_language_model_just_enough(lm, tmp_path, monkeypatch):
+def test_a_decode_budget_prunes_the_language_model_just_enough(lm, tmp_path, monkeypatch, timed_here):
     """A decode step's time set in proportion to its graph's bytes (what a memory-bound step reads): FP32 at 2 ms
     must be pruned to meet 600 tokens/s (1.67 ms); the transformer engine prunes it by parameters, and the pruned
     model's deployment, timed again, meets the budget."""
