@@ -26,7 +26,8 @@ measured speed-up and are corrected away, never taken on a prediction.
 Of each candidate's tries that meet the budget, the least pruned one (most MACs)
 is timed once more, all of them in one interleaved run (rescaled the same way),
 and keeps its place only if it meets the budget again; else the candidate's next
-least pruned try that met it is confirmed the same way. A ~1 ms model's time
+least pruned try that met it is confirmed the same way; a deployment left with
+none gets one more round, its aim taken from the slower time. A ~1 ms model's time
 moves 15–20 % between timing runs on a small machine, so a try that met the
 budget once by luck would otherwise be chosen and then miss it when deployed.
 The confirmed try is its point on the frontier; every such point is scored on the ``val`` split of
@@ -218,6 +219,9 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
             break
         aims = run.round(round_ + 1, aims)
     run.confirm(ready)
+    if aims := run.after_confirmation(ready):
+        run.round(2 + CORRECTIONS, aims)
+        run.confirm(ready)
     meeting = run.settle(ready)
     if not meeting:
         raise OptkitError(_unreachable(run.points.values(), run.budget_ms, tokens_per_step))
@@ -344,6 +348,20 @@ class _Search:
                 confirmed.add(id(attempt))
             shown.step(detail=f"{sum(a.meets for a in pending)} of {len(pending)} met it again")
 
+    def after_confirmation(self, ready: Sequence[str]) -> dict[str, float]:
+        """The aims of one more round for the deployments left without a try that met the budget because a try
+        missed it when timed again (the next aim taken from its slower time)."""
+        aims = {}
+        for name in ready:
+            point = self.points[name]
+            if point.status == "dominated" or _best(point) is not None or all(t.confirmed_ms is None
+                                                                              for t in point.tries):
+                continue
+            aim = _on_grid(_next_aim(point.tries, self.target))
+            if aim >= MIN_AIM and all(aim != t.aim for t in point.tries):
+                aims[name] = aim
+        return aims
+
     def settle(self, ready: Sequence[str]) -> list[Point]:
         """Each searched candidate's point (its least pruned try that met the budget, else its fastest); those
         that met it."""
@@ -412,19 +430,24 @@ def _next_aim(tries: Sequence[Try], target: float) -> float:
     put those two out of order (the more pruned one slower), scaled from the most pruned try still too slow (or
     the least pruned one already fast enough), so the search goes on past it instead of asking for it again."""
     timed = [t for t in tries if t.ms is not None]
-    above, below = [t for t in timed if t.ms > target], [t for t in timed if t.ms <= target]
+    above, below = [t for t in timed if _slower(t) > target], [t for t in timed if _slower(t) <= target]
     if above and below:
-        pair = [max(below, key=lambda t: t.ms), min(above, key=lambda t: t.ms)]
+        pair = [max(below, key=_slower), min(above, key=_slower)]
     else:
-        pair = sorted(timed, key=lambda t: abs(t.ms - target))[:2]
+        pair = sorted(timed, key=lambda t: abs(_slower(t) - target))[:2]
     closest = pair[0]
     if len(pair) == 2 and pair[0].aim != pair[1].aim:
-        slope = (pair[1].ms - pair[0].ms) / (pair[1].aim - pair[0].aim)
+        slope = (_slower(pair[1]) - _slower(pair[0])) / (pair[1].aim - pair[0].aim)
         if slope > 0:
-            return closest.aim + (target - closest.ms) / slope
+            return closest.aim + (target - _slower(closest)) / slope
     if not (above and below):
         closest = min(above, key=lambda t: t.aim) if above else max(below, key=lambda t: t.aim)
-    return closest.aim * target / closest.ms
+    return closest.aim * target / _slower(closest)
+
+
+def _slower(attempt: Try) -> float:
+    """The slower of a try's two times (its first, when it was not timed again)."""
+    return max(attempt.ms, attempt.confirmed_ms or attempt.ms)
 
 
 def _best(point: Point) -> Try | None:
