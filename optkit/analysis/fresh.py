@@ -17,9 +17,17 @@ from typing import Any
 
 from optkit.core.errors import OptkitError
 
-_RUN = ("import importlib, json, sys\n"
-        "module, name = sys.argv[1].split(':')\n"
-        "print(json.dumps(getattr(importlib.import_module(module), name)(**json.loads(sys.argv[2]))))\n")
+_RUN = ("import json, sys\n"
+        "from optkit.analysis.fresh import call_here\n"
+        "print(json.dumps(call_here(sys.argv[1], **json.loads(sys.argv[2]))))\n")
+
+
+def call_here(function: str, **arguments: Any) -> Any:
+    """``module:function(**arguments)`` in this process: what :func:`call_fresh` runs in the new one."""
+    import importlib
+
+    module, name = function.split(":")
+    return getattr(importlib.import_module(module), name)(**arguments)
 
 
 def call_fresh(function: str, **arguments: Any) -> Any:

@@ -226,7 +226,7 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
     if not meeting:
         raise OptkitError(_unreachable(run.points.values(), run.budget_ms, tokens_per_step))
     chosen = run.choose(meeting)
-    return SearchResult(chosen, run.model(chosen), list(run.points.values()), run.budget_ms, baseline,
+    return SearchResult(chosen, run.kept(chosen)[1], list(run.points.values()), run.budget_ms, baseline,
                         deployer.metric)
 
 
@@ -325,8 +325,7 @@ class _Search:
                 self.met[id(attempt)] = (candidate, pruned)
             if attempt.meets and attempt.ms >= self.budget_ms * (1 - SLACK):
                 continue
-            aim = _on_grid(_next_aim(tries, self.target))
-            if aim >= MIN_AIM and all(aim != t.aim for t in tries):
+            if (aim := self._following_aim(tries)) is not None:
                 following[name] = aim
         return following
 
@@ -357,10 +356,14 @@ class _Search:
             if point.status == "dominated" or _best(point) is not None or all(t.confirmed_ms is None
                                                                               for t in point.tries):
                 continue
-            aim = _on_grid(_next_aim(point.tries, self.target))
-            if aim >= MIN_AIM and all(aim != t.aim for t in point.tries):
+            if (aim := self._following_aim(point.tries)) is not None:
                 aims[name] = aim
         return aims
+
+    def _following_aim(self, tries: Sequence[Try]) -> float | None:
+        """The next aim on the grid from ``tries``, or ``None`` when it is below :data:`MIN_AIM` or tried."""
+        aim = _on_grid(_next_aim(tries, self.target))
+        return aim if aim >= MIN_AIM and all(aim != t.aim for t in tries) else None
 
     def settle(self, ready: Sequence[str]) -> list[Point]:
         """Each searched candidate's point (its least pruned try that met the budget, else its fastest); those
@@ -372,7 +375,7 @@ class _Search:
                 continue
             best = _best(point) or min((t for t in point.tries if t.ms is not None), key=lambda t: t.ms)
             point.macs_fraction, point.params_fraction = best.macs_fraction, best.params_fraction
-            point.ms = max(best.ms, best.confirmed_ms or best.ms)
+            point.ms = _slower(best)
             point.speedup = round(point.unpruned_ms / point.ms, 4)
             point.efficiency = round(point.speedup * best.macs_fraction, 4)
             if best.meets:
@@ -388,7 +391,7 @@ class _Search:
         metric = self.deployer.metric
         shown = progress(STAGE, "deployments that met the budget scored", len(meeting))
         for point in meeting:
-            point.score = self.deployer.score(self._build(point))
+            point.score = self.deployer.score(self.kept(point)[0])
             shown.step(detail=f"{point.name}: {metric} {_figure(point, metric)}")
         sign = -1 if metric == "perplexity" else 1
         chosen = max(meeting, key=lambda p: (sign * p.score[metric], -p.ms))
@@ -399,12 +402,9 @@ class _Search:
                                 f"{_figure(chosen, metric)}")
         return chosen
 
-    def _build(self, point: Point) -> Candidate:
-        return self.met[id(_best(point))][0]
-
-    def model(self, point: Point) -> Any:
-        """The model of ``point``'s confirmed try."""
-        return self.met[id(_best(point))][1]
+    def kept(self, point: Point) -> tuple[Candidate, Any]:
+        """The build and model of ``point``'s confirmed try."""
+        return self.met[id(_best(point))]
 
 
 def _same_math_faster(candidate: Candidate, unpruned: dict[str, float], built: dict[str, Candidate]) -> str | None:

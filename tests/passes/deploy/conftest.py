@@ -100,17 +100,11 @@ def fake_latency(runtime: str, precision: str | None, median_ms: float) -> Laten
                    1000.0 / median_ms, precision)
 
 
-def call_here(function: str, **arguments):
-    """What :func:`optkit.analysis.fresh.call_fresh` runs, run in this process instead (where set timers apply)."""
-    import importlib
-
-    module, name = function.split(":")
-    return getattr(importlib.import_module(module), name)(**arguments)
-
-
 @pytest.fixture
 def timed_here(monkeypatch):
     """Timings meant for a fresh process (the latency budget's baseline) run in this one, through its timers."""
+    from optkit.analysis.fresh import call_here
+
     monkeypatch.setattr("optkit.analysis.fresh.call_fresh", call_here)
 
 
