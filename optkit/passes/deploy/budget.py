@@ -107,7 +107,8 @@ def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
 def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], threads: int, language: bool,
             recalibration: Any):
     """Copies of ``model`` pruned to an aim: an image model by the latency-target engine (the aim a fraction of its
-    ONNX Runtime FP32 latency at the deployment's threads and batch); a language model to that fraction of its
+    ONNX Runtime FP32 latency at the deployment's threads and batch; of the copies that reach it, the most accurate
+    on the run's data); a language model to that fraction of its
     parameters (a decode step's time follows the weights it reads), with the run's text for the transformer
     engine. ``recalibration`` (a :class:`~optkit.passes.batchnorm.passes.RecalibrateBatchNorm`, or ``None``) is
     applied to each copy. Each returns the copy with its MACs and parameter fractions, or raises ``OptkitError``
@@ -125,7 +126,7 @@ def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], t
                                          round_to=8 if prune.round_to == "auto" else prune.round_to)
         else:
             engine = dataclasses.replace(prune, target_latency=aim, deployment=None, latency_threads=threads,
-                                         latency_batch=deploy.batch)
+                                         latency_batch=deploy.batch, data=prune.data or deploy.calib_data)
         try:
             pruned = engine.apply(copy.deepcopy(model)).model
         except ValueError as e:  # a target the engine cannot reach (a transformer's mix search says so)

@@ -173,7 +173,8 @@ class StructuredPrune(Pass):
     submodule: str | None = setting(None, help="Prune only this sub-module (e.g. backbone), keeping the widths of "
                                     "its outputs; detection and segmentation models default to their backbone.")
     data: str | None = calib_data_setting(help="Dataset spec (fashion-mnist, imagefolder:DIR, ...) for taylor "
-                                          "importance and sensitivity allocation.")
+                                          "importance, sensitivity allocation, and a latency target's choice among "
+                                          "the copies that reach it (the most accurate on its val split).")
     bias_correction: bool = setting(True, help="Give back what removed channels contributed, so the model works "
                                     "better straight after pruning: for channels that come out of a BatchNorm, their "
                                     "expected contribution (from its weight and bias, no data needed); in a "
@@ -267,7 +268,7 @@ class StructuredPrune(Pass):
         if self.target_latency is not None:
             round_to = None if self.round_to == "auto" else self.round_to
             return targets.LatencyTarget(self.target_latency, self.target_tolerance, self.latency_threads,
-                                         self.latency_batch, round_to)
+                                         self.latency_batch, round_to, self.data)
         if self.resolved_allocation(model) == "sensitivity" and self.submodule is None and describes_transformer(model):
             measured, fraction = ("macs", self.target_macs) if self.target_macs is not None else ("params",
                                                                                                 self.target_params)

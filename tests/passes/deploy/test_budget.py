@@ -67,15 +67,18 @@ def test_the_deployer_builds_times_and_scores_each_model_in_its_own_runtime(tmp_
 
 
 def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the_data(monkeypatch):
-    """The search's pruner re-estimates a copy's BatchNorm statistics on the data's train split: the stem's
-    running mean becomes the mean of its convolution's output over those images, computed here directly."""
+    """The search's pruner asks the engine for the copy most accurate on the data, and re-estimates that copy's
+    BatchNorm statistics on the data's train split: the stem's running mean becomes the mean of its convolution's
+    output over those images, computed here directly."""
     from optkit.core.contract import PassResult
     from optkit.data import load_dataset
     from optkit.passes.deploy.budget import _batchnorm_recalibration, _pruner
 
     model = Depthwise().eval()
     halved = StructuredPrune(ratio=0.5, round_to=8, input_shape=SHAPE)(Depthwise().eval())
-    monkeypatch.setattr(StructuredPrune, "apply", lambda self, m: PassResult(copy.deepcopy(halved), {}))
+    engines = []
+    monkeypatch.setattr(StructuredPrune, "apply",
+                        lambda self, m: engines.append(self) or PassResult(copy.deepcopy(halved), {}))
     recalibration = _batchnorm_recalibration(model, DATA, SHAPE)
     engine = StructuredPrune(target_latency=0.5, input_shape=SHAPE)
     pruned, macs, params = _pruner(engine, DeploySettings(calib_data=DATA), model, SHAPE, 1, False, recalibration)(0.5)
@@ -88,6 +91,8 @@ def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the
     assert pruned.stem[1].num_features == 16 and 0.2 < macs < 0.5 and 0.2 < params < 0.5
     assert torch.equal(model.stem[1].running_mean, torch.zeros(32))  # the caller's model is as it was
     assert _batchnorm_recalibration(nn.Sequential(nn.Conv2d(3, 4, 1)), DATA, SHAPE) is None
+    # the engine chooses among the copies that reach the aim by accuracy on the run's data
+    assert [(e.target_latency, e.data) for e in engines] == [(0.5, DATA)]
 
 
 def test_recheck_and_plot_say_whether_the_chosen_deployment_still_meets_the_budget(tmp_path):

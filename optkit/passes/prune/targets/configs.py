@@ -109,6 +109,9 @@ class LatencyTarget:
         threads: intra-op threads timed at (``None``: all cores).
         batch: the batch timed.
         round_to: channel multiple, or ``None`` to pick one by the latency table.
+        data: a dataset spec, or ``None``: with one, the tries that reach the fraction are scored on its
+            validation split (BatchNorm re-estimated on its training split) and the most accurate is kept;
+            without, the one keeping the most MACs per measured millisecond.
     """
 
     fraction: float
@@ -116,6 +119,7 @@ class LatencyTarget:
     threads: int | None
     batch: int
     round_to: int | None
+    data: str | None = None
 
 
 def handles(*target_types: type) -> Callable[[Handler], Handler]:

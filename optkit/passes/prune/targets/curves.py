@@ -230,6 +230,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
     from optkit.model.stats import count_macs
     from optkit.passes.prune.graph.groups import prunable_groups
     from optkit.passes.prune.targets.latency_table import layer_specs
+    from optkit.passes.prune.targets.scoring import calibration_images
 
     start = time.perf_counter()
     shape = tuple(prune.input_shape or DEFAULT_INPUT_SHAPE)
@@ -238,7 +239,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
                                    importance=prune.resolved_importance(model))
     eval_set = load_eval_set(EvalSettings(settings.data, samples=settings.samples, batch_size=settings.batch_size),
                              model, shape, split=SENSITIVITY_SPLIT)
-    calibration = _calibration_images(settings, shape)
+    calibration = calibration_images(settings.data, shape, settings.calibration_samples, settings.batch_size)
     reference = torch_logits(model, eval_set, settings.batch_size)
     macs = count_macs(model, shape)
     groups = prunable_groups(template, model)
@@ -339,20 +340,6 @@ def _scores(logits, eval_set, reference) -> dict[str, float]:
 
     s = score(logits, eval_set, reference)
     return {"accuracy": s["accuracy"], "agreement": s["agreement"], "mean_kl": round(s["mean_kl"], 8)}
-
-
-def _calibration_images(settings: SensitivitySettings, shape: tuple[int, ...]) -> list:
-    import torch
-
-    from optkit.data import load_dataset
-    from optkit.data.adapt import adapted
-
-    if not settings.calibration_samples:
-        return []
-    dataset = adapted(load_dataset(settings.data, "train", augment=False), shape)
-    count = min(settings.calibration_samples, len(dataset))
-    images = torch.stack([dataset[i][0] for i in range(count)])
-    return list(images.split(settings.batch_size))
 
 
 def _cache_key(model: nn.Module, settings: SensitivitySettings, template: Pass,

@@ -27,6 +27,14 @@ closest are then timed once more, together, and their two measurements
 averaged. Of the tries within the tolerance, the one keeping the most MACs
 per unit of measured latency is returned (the least importance removed
 breaks near-ties); when none is within, the one measured closest.
+
+Given data (``StructuredPrune(data=...)``), the tries within the tolerance are
+instead scored on its validation split, each with its BatchNorm statistics
+re-estimated on training images (:mod:`optkit.passes.prune.targets.scoring`),
+and the most accurate is returned. MACs per millisecond say nothing of what a
+cut costs: on a mobilenet_v2 trained on Fashion-MNIST, two tries of about the
+same measured latency (0.48 and 0.45 of the MACs) scored 12 % and 69 %, the
+``importance`` proposal having hollowed out single layers.
 """
 
 from __future__ import annotations
@@ -137,6 +145,14 @@ def search(target: LatencyTarget, spec: PruneSpec, model: nn.Module) -> PassResu
         for i, fraction in zip(finalists, again):
             first = tries[i]["measured_fraction"]
             tries[i].update(timings=[first, round(fraction, 4)], measured_fraction=round((first + fraction) / 2, 4))
+    within = [t for t in tries if abs(t["measured_fraction"] - goal) <= LATENCY_TOLERANCE]
+    if target.data is not None and len(within) > 1:
+        from optkit.passes.prune.targets.scoring import copy_scorer
+
+        score = copy_scorer(model, shape, target.data)
+        for t in within:
+            t["score"] = _scored_figures(score(propose(t["proposal"], t["aim"])[0]))
+        details["scored_on"] = target.data
     best = _choose(tries, goal)
     pruned_model, prune_details = propose(best["proposal"], best["aim"])
     details.update(prune_details)
@@ -148,7 +164,9 @@ def search(target: LatencyTarget, spec: PruneSpec, model: nn.Module) -> PassResu
     notes = details.setdefault("notes", [])
     notes.append(f"structured_prune: latency {best['measured_fraction']:.3f} of the original measured "
                  f"({threads} threads, batch {target.batch}; predicted {best['predicted_fraction']:.3f}), "
-                 f"MACs {details['macs_fraction']:.3f}, by the {best['proposal']} proposal, best of {len(tries)} timed")
+                 f"MACs {details['macs_fraction']:.3f}, by the {best['proposal']} proposal, best of {len(tries)} timed"
+                 + (f"; the most accurate of {len(within)} within the tolerance on {target.data} (val, BatchNorm "
+                    f"re-estimated): {_figure(best['score'])}" if "score" in best else ""))
     if abs(best["measured_fraction"] - goal) > LATENCY_TOLERANCE:
         notes.append(f"structured_prune: asked latency {goal:g} of the original, measured "
                      f"{best['measured_fraction']:.3f} (closest of {len(tries)} tries)")
@@ -174,16 +192,34 @@ def _finalists(tries: list[dict[str, Any]], target: float) -> list[int]:
 
 
 def _choose(tries: list[dict[str, Any]], target: float) -> dict[str, Any]:
-    """The try to keep: most MACs per measured latency within the tolerance (then least importance removed).
+    """The try to keep: within the tolerance, the most accurate when the tries were scored (then the most MACs per
+    measured latency), else the most MACs per measured latency (then least importance removed).
 
     Without a try within the tolerance, the one measured closest to the target.
     """
     within = [t for t in tries if abs(t["measured_fraction"] - target) <= LATENCY_TOLERANCE]
     if not within:
         return min(tries, key=lambda t: abs(t["measured_fraction"] - target))
+    if all("score" in t for t in within):
+        return max(within, key=lambda t: (_rank(t["score"]), t["macs_fraction"] / t["measured_fraction"]))
     best = max(t["macs_fraction"] / t["measured_fraction"] for t in within)
     ties = [t for t in within if t["macs_fraction"] / t["measured_fraction"] >= best * (1 - EFFICIENCY_TIE)]
     return min(ties, key=lambda t: t["removed_importance"])
+
+
+def _scored_figures(scores: dict[str, Any]) -> dict[str, float]:
+    """The figures a try is ranked by: accuracy (where the data has labels) and agreement with the original."""
+    return {k: round(scores[k], 4) for k in ("accuracy", "agreement") if scores.get(k) is not None}
+
+
+def _rank(score: dict[str, float]) -> tuple[float, float]:
+    """Accuracy first (agreement where there is none), agreement with the original breaking ties."""
+    agreement = score.get("agreement", 0.0)
+    return score.get("accuracy", agreement), agreement
+
+
+def _figure(score: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2%}" for k, v in score.items())
 
 
 def _allocate(kind: str, table: LatencyTable, groups: list[Group], aim: float, round_to: int) -> list[int]:

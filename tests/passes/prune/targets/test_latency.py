@@ -124,6 +124,75 @@ def test_choice_keeps_the_most_macs_per_measured_latency_within_the_tolerance():
     assert _choose(tries, 0.5)["proposal"] == "macs"
 
 
+def test_choice_given_scores_keeps_the_most_accurate_try_within_the_tolerance():
+    from optkit.passes.prune.targets.latency import _choose
+
+    def scored(proposal, measured, macs, accuracy, agreement):
+        return {**_try(proposal, measured, macs), "score": {"accuracy": accuracy, "agreement": agreement}}
+
+    # importance keeps the most MACs per latency but hollowed a layer out; blend, a little slower, scores best.
+    tries = [scored("importance", 0.48, 0.48, 0.12, 0.10), scored("macs", 0.50, 0.40, 0.60, 0.62),
+             scored("blend", 0.53, 0.45, 0.69, 0.70), _try("macs", 0.40, 0.45)]
+    assert _choose(tries, 0.5)["proposal"] == "blend"
+    # Equal accuracy: agreement with the original decides, then MACs per latency.
+    tries = [scored("importance", 0.50, 0.45, 0.69, 0.70), scored("blend", 0.50, 0.40, 0.69, 0.75)]
+    assert _choose(tries, 0.5)["proposal"] == "blend"
+    tries = [scored("importance", 0.50, 0.45, 0.69, 0.70), scored("blend", 0.50, 0.40, 0.69, 0.70)]
+    assert _choose(tries, 0.5)["proposal"] == "importance"
+
+
+def test_given_data_the_tries_within_the_tolerance_are_scored_recalibrated_and_the_most_accurate_kept(monkeypatch):
+    from optkit.data import load_dataset
+
+    data = "synthetic:96:3x32x32:10"
+
+    def by_size(original, candidates, shape, threads):
+        return [os.path.getsize(c) / os.path.getsize(original) for c in candidates]
+
+    monkeypatch.setattr(latency_target, "_measured_fractions", by_size)
+    model = _trained(_model(), load_dataset(data, "train", augment=False))
+    result = StructuredPrune(target_latency=0.5, input_shape=SHAPE, latency_threads=1, round_to=8,
+                             data=data).apply(model)
+    d = result.details
+    within = [t for t in d["tries"] if abs(t["measured_fraction"] - 0.5) <= LATENCY_TOLERANCE]
+    assert len(within) > 1 and all("score" in t for t in within) and d["scored_on"] == data
+    kept = max(within, key=lambda t: (t["score"]["accuracy"], t["score"]["agreement"],
+                                      t["macs_fraction"] / t["measured_fraction"]))
+    assert (d["proposal"], d["measured_fraction"]) == (kept["proposal"], kept["measured_fraction"])
+    assert "the most accurate of" in d["notes"][-1]
+
+    # The kept try's figures, computed here: BatchNorm statistics from the first 256 training images in batches
+    # of 128, then top-1 on the val split against the labels and against the unpruned model.
+    train = torch.stack([image for image, _ in load_dataset(data, "train", augment=False)][:256])
+    val = list(load_dataset(data, "val", augment=False))[:512]
+    images, labels = torch.stack([i for i, _ in val]), torch.tensor([label for _, label in val])
+    pruned = result.model.train()
+    for m in pruned.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None
+    with torch.no_grad():
+        for batch in train.split(128):
+            pruned(batch)
+        predicted, original = pruned.eval()(images).argmax(1), model(images).argmax(1)
+    assert kept["score"]["accuracy"] == pytest.approx(float((predicted == labels).float().mean()), abs=1e-4)
+    assert kept["score"]["agreement"] == pytest.approx(float((predicted == original).float().mean()), abs=1e-4)
+    assert float((original == labels).float().mean()) > 0.5  # the model learned the classes: the scores mean something
+
+
+def _trained(model: nn.Module, dataset) -> nn.Module:
+    """``model`` fitted for a few steps to a synthetic dataset (a class pattern plus noise: quickly learned)."""
+    images, labels = torch.stack([i for i, _ in dataset]), torch.tensor([label for _, label in dataset])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(30):
+        batch = torch.arange(step * 16, step * 16 + 32) % len(images)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
+        optimizer.step()
+    return model.eval()
+
+
 def test_importance_uniform_and_blend_allocations():
     from optkit.passes.prune.targets.latency_table import LatencyTable, LayerEntry
     from optkit.passes.prune.graph.groups import Group
