@@ -26,6 +26,7 @@ class Runtime:
     accuracy: float
     pays: float = 1.0  # 1.0: the time falls as the aim says; 0.5: half of that saving shows
     refused: bool = False
+    refused_at: tuple[float, ...] = ()  # pruned models (aims) whose build fails the check
 
 
 class FakeDeployer:
@@ -40,7 +41,7 @@ class FakeDeployer:
         runtime, precision = name.split("-")
         candidate = Candidate(name, runtime, precision)
         candidate.built = 1.0 if model is None else model
-        if self.runtimes[name].refused:
+        if self.runtimes[name].refused or candidate.built in self.runtimes[name].refused_at:
             candidate.status, candidate.reason = "refused", "agreement 80.0% below 99.0%"
         return candidate
 
@@ -308,3 +309,25 @@ def _lucky_once(deployer: FakeDeployer) -> None:
         return baseline, lucky
 
     deployer.time = lucky_once
+
+
+def test_a_pruned_build_that_fails_its_check_does_not_end_the_deployments_search():
+    """bf16 needs 0.80 of its latency (4.85 / 6.0 on the grid), but that model's bf16 build fails the check. It is
+    built next from the model already pruned for FP32 (0.48, no pruning), which meets the budget with room to
+    spare; the correction up would ask for 0.80 again, so it takes the grid step below (0.78), which passes and
+    is the most accurate point."""
+    calls = []
+
+    def counting(aim):
+        calls.append(aim)
+        return prune(aim)
+
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.92),
+                             "openvino-bf16": Runtime(6.0, 0.92, refused_at=(0.80,))})
+    result = search(list(deployer.runtimes), deployer, counting, budget=5.0, unit="ms", unpruned_model="full")
+    bf16 = {t.aim: t for t in next(p for p in result.points if p.name == "openvino-bf16").tries}
+    assert sorted(bf16) == [0.48, 0.78, 0.8, 1.0]
+    assert bf16[0.8].ms is None and "agreement" in bf16[0.8].reason
+    assert bf16[0.48].meets and bf16[0.78].meets
+    assert calls == [0.48, 0.8, 0.78]  # 0.48 pruned once, for FP32, and reused
+    assert result.chosen.name == "openvino-bf16" and result.model == 0.78
