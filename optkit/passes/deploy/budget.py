@@ -16,6 +16,7 @@ times it again against the budget, and draws the frontier
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optkit.core.contract import PassResult
-from optkit.core.errors import OptkitError
+from optkit.core.errors import DataError, OptkitError
 from optkit.passes.deploy.candidate import Candidate
 from optkit.passes.deploy.search import SCORE_SAMPLES, search
 from optkit.passes.deploy.settings import CANDIDATES, TOKEN_CANDIDATES
@@ -101,7 +102,32 @@ def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
             + (f"; its BatchNorm statistics re-estimated on {recalibration.batches} batches of {deploy.calib_data} "
                "(train), as every pruned try's were before it was scored"
                if recalibration is not None and result.model is not model else ""))
-    return PassResult(result.model, {"budget": section, "notes": [note]})
+    notes = [note]
+    if (warning := _near_chance(result, deploy.calib_data)) is not None:
+        logging.getLogger(__name__).warning("warning: %s", warning)
+        notes.append(warning)
+    return PassResult(result.model, {"budget": section, "notes": notes})
+
+
+def _near_chance(result: Any, data: str) -> str | None:
+    """A warning when the chosen deployment's accuracy is no better than guessing among the data's classes: the
+    budget was met by a model too small to be of use (the shipped Fashion-MNIST model at half its latency: 11 %
+    on 10 classes)."""
+    from optkit.analysis.accuracy import near_chance
+    from optkit.data.specs import dataset_info
+
+    if result.metric != "accuracy":
+        return None
+    try:
+        classes = dataset_info(data).num_classes
+    except DataError:  # data without classes (segmentation masks, detection boxes)
+        return None
+    accuracy = result.chosen.score["accuracy"]
+    if classes < 2 or not near_chance(accuracy, classes):
+        return None
+    return (f"structured_prune: the chosen deployment scores {accuracy:.1%} on {data} (val), near chance "
+            f"({1 / classes:.0%} for {classes} classes): this budget leaves too little of the model to be of use; "
+            "give a larger budget, or fine-tune the result (--finetune)")
 
 
 def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], threads: int, language: bool,

@@ -144,3 +144,19 @@ def test_a_pipeline_meets_a_budget_measured_again_in_the_chosen_deployment(tmp_p
     assert chosen["ms"] <= budget["budget_ms"] and chosen["score"]["accuracy"] >= 0.0
     assert budget["met_again"], json.dumps(budget, indent=1)
     assert (tmp_path / "frontier.png").is_file()
+
+
+def test_a_budget_met_only_by_a_model_near_chance_is_warned_about():
+    from types import SimpleNamespace
+
+    from optkit.passes.deploy.budget import _near_chance
+
+    def result(accuracy, metric="accuracy"):
+        return SimpleNamespace(metric=metric, chosen=SimpleNamespace(score={metric: accuracy}))
+
+    # 4 classes: chance 25 %, and 5 points above it still counts as guessing
+    warning = _near_chance(result(0.29), DATA)
+    assert warning.startswith("structured_prune: the chosen deployment scores 29.0% on synthetic:64:3x16x16:4 (val)")
+    assert "near chance (25% for 4 classes)" in warning and "larger budget" in warning
+    assert _near_chance(result(0.31), DATA) is None
+    assert _near_chance(result(3.5, metric="perplexity"), "text") is None
