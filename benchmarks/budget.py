@@ -162,7 +162,7 @@ def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
         way.update(ms=round(latency.median_ms, 4), fraction=round(latency.median_ms / baseline, 4),
                    meets=latency.median_ms <= budget_ms * (1 + TOLERANCE), accuracy=accuracy(way, test))
         way["path"] = way["path"].name
-    return {"model": name, "budget_fraction": fraction, "baseline_ms": round(baseline, 4),
+    return {"model": name, "budget_fraction": fraction, "test_samples": test.samples, "baseline_ms": round(baseline, 4),
             "budget_ms": round(budget_ms, 4), "ways": ways, "verdict": verdict(ways)}
 
 
@@ -315,7 +315,26 @@ def _image_summary(rows: list[dict]) -> list[str]:
             f"least the best of (a) and (b) that met it on {at_least} of them, higher on "
             f"{sum(v == 'better' for v in verdicts)}, and neither (a) nor (b) met the budget on "
             f"{sum(v.startswith('joint met it') for v in verdicts)}; it refused {len(refused)} row(s) as out of reach, "
-            f"where (a) or (b) met the budget on {sum(v.endswith('met it') for v in refused)}."]
+            f"where (a) or (b) met the budget on {sum(v.endswith('met it') for v in refused)}."] + _margins(met)
+
+
+def _margins(rows: list[dict]) -> list[str]:
+    """Each met row's accuracy margin of the joint search over the best of (a) and (b) that met the budget, with
+    the standard error of that difference on the test images (two independent binomial proportions): a margin
+    under two of them is within what the test sample can tell apart."""
+    lines = []
+    for row in rows:
+        joint_way, *others = row["ways"]
+        meeting = [w for w in others if w.get("meets")]
+        if not meeting:
+            continue
+        best = max(meeting, key=lambda w: w["accuracy"])
+        n = row.get("test_samples") or 2000
+        error = ((joint_way["accuracy"] * (1 - joint_way["accuracy"]) + best["accuracy"] * (1 - best["accuracy"]))
+                 / n) ** 0.5
+        lines.append(f"{row['model']} at {row['budget_fraction']}: {100 * (joint_way['accuracy'] - best['accuracy']):+.2f} "
+                     f"points over ({best['way']}), standard error of the difference {100 * error:.2f} points")
+    return ["", "Margins of the joint search (test accuracy): " + "; ".join(lines) + "."] if lines else []
 
 
 def _token_candidates(rows: list[dict]) -> list[str]:
