@@ -298,13 +298,13 @@ def test_a_deployment_whose_only_try_met_the_budget_by_luck_gets_one_more_round(
     assert tries[0.42].meets and result.model == 0.42 and result.chosen.ms == pytest.approx(4.78)
 
 
-def _lucky_once(deployer: FakeDeployer) -> None:
-    """Make each pruned model's first timing 10 % fast (a lucky run); later timings are as they are."""
+def _lucky_once(deployer: FakeDeployer, factor: float = 0.9) -> None:
+    """Make each pruned model's first timing ``factor`` of its time (a lucky run); later timings are as they are."""
     seen: set[float] = set()
 
     def lucky_once(candidates):
         baseline, times = FakeDeployer.time(deployer, candidates)
-        lucky = [ms * (1.0 if c.built in seen or c.built == 1.0 else 0.9) for c, ms in zip(candidates, times)]
+        lucky = [ms * (1.0 if c.built in seen or c.built == 1.0 else factor) for c, ms in zip(candidates, times)]
         seen.update(c.built for c in candidates)
         return baseline, lucky
 
@@ -331,3 +331,18 @@ def test_a_pruned_build_that_fails_its_check_does_not_end_the_deployments_search
     assert bf16[0.48].meets and bf16[0.78].meets
     assert calls == [0.48, 0.8, 0.78]  # 0.48 pruned once, for FP32, and reused
     assert result.chosen.name == "openvino-bf16" and result.model == 0.78
+
+
+def test_a_try_that_missed_when_timed_again_leaving_only_more_pruned_ones_gets_a_round_between():
+    """A runtime where the time goes with the square of the aim, each model's first timing 15 % fast, 4.8 ms asked.
+    Aim 0.46 meets with room to spare, 0.64 meets, 0.70 meets only by luck (4.16 ms, then 4.90). What is left,
+    0.64, is two grid steps more pruned than the slower times point to: one more round tries 0.68 (4.62 ms when
+    timed again), which is chosen."""
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.92)})
+    deployer.ms = lambda candidate: 10.0 * candidate.built ** 2
+    _lucky_once(deployer, factor=0.85)
+    result = search(["onnxruntime-fp32"], deployer, prune, budget=4.8, unit="ms", unpruned_model="full")
+    tries = {t.aim: t for t in result.chosen.tries}
+    assert list(tries) == [1.0, 0.46, 0.64, 0.7, 0.68]
+    assert tries[0.64].meets and not tries[0.7].meets and tries[0.7].confirmed_ms == pytest.approx(4.9)
+    assert result.model == 0.68 and result.chosen.ms == pytest.approx(10.0 * 0.68 ** 2)
