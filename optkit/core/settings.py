@@ -139,7 +139,7 @@ SHARED_SETTINGS: dict[str, Setting] = {
 
 
 DATA_HELP = ("Dataset spec (fashion-mnist, imagefolder:DIR, ...) whose batches feed data-driven steps "
-             "(taylor importance, BatchNorm statistics).")
+             "(taylor importance, BatchNorm statistics, a latency target's choice among its tries by accuracy).")
 WORKERS_HELP = "DataLoader worker processes, an integer >= 0, or auto (chosen by measurement)."
 
 
