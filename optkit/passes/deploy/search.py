@@ -28,8 +28,9 @@ is timed once more, all of them in one interleaved run (rescaled the same way),
 and keeps its place only if it meets the budget again; else the candidate's next
 least pruned try that met it is confirmed the same way; a deployment left with
 none, or only with tries more pruned than the aim its slower times point to,
-gets one more round at that aim. A ~1 ms model's time moves 15–20 % between timing runs on a small machine, so a try that met the
-budget once by luck would otherwise be chosen and then miss it when deployed.
+gets one more round at that aim. A ~1 ms model's time moves 15–20 % between
+timing runs on a small machine, so a try that met the budget once by luck
+would otherwise be chosen and then miss it when deployed.
 The confirmed try is its point on the frontier; every such point is scored on the ``val`` split of
 the data given (accuracy for images), and the most accurate is chosen (the
 faster one on a tie). A budget no candidate reaches is an error naming the

@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
     from optkit.passes.prune.graph.groups import Group
 
-SENSITIVITY_SPLIT = "val"
 #: Part of the cache key: bumped when what a point measures changes.
 SCORING_VERSION = 5
 METRICS = ("kl", "accuracy")
@@ -230,7 +229,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
     from optkit.model.stats import count_macs
     from optkit.passes.prune.graph.groups import prunable_groups
     from optkit.passes.prune.targets.latency_table import layer_specs
-    from optkit.passes.prune.targets.scoring import calibration_images
+    from optkit.passes.prune.targets.scoring import SCORE_SPLIT, calibration_images
 
     start = time.perf_counter()
     shape = tuple(prune.input_shape or DEFAULT_INPUT_SHAPE)
@@ -238,7 +237,7 @@ def analyze(model: nn.Module, settings: SensitivitySettings, prune: Pass, *,
                                    allocation="uniform", layer_ratios=None, iterative_steps=1,
                                    importance=prune.resolved_importance(model))
     eval_set = load_eval_set(EvalSettings(settings.data, samples=settings.samples, batch_size=settings.batch_size),
-                             model, shape, split=SENSITIVITY_SPLIT)
+                             model, shape, split=SCORE_SPLIT)
     calibration = calibration_images(settings.data, shape, settings.calibration_samples, settings.batch_size)
     reference = torch_logits(model, eval_set, settings.batch_size)
     macs = count_macs(model, shape)

@@ -146,15 +146,18 @@ def search(target: LatencyTarget, spec: PruneSpec, model: nn.Module) -> PassResu
             first = tries[i]["measured_fraction"]
             tries[i].update(timings=[first, round(fraction, 4)], measured_fraction=round((first + fraction) / 2, 4))
     within = [t for t in tries if abs(t["measured_fraction"] - goal) <= LATENCY_TOLERANCE]
+    scored: dict[int, tuple[nn.Module, dict[str, Any]]] = {}
     if target.data is not None and len(within) > 1:
         from optkit.passes.prune.targets.scoring import copy_scorer
 
         score = copy_scorer(model, shape, target.data)
         for t in within:
-            t["score"] = _scored_figures(score(propose(t["proposal"], t["aim"])[0]))
+            # kept as pruned (the scorer re-estimates BatchNorm in place), so the chosen one is not pruned again
+            scored[id(t)] = propose(t["proposal"], t["aim"])
+            t["score"] = _scored_figures(score(copy.deepcopy(scored[id(t)][0])))
         details["scored_on"] = target.data
     best = _choose(tries, goal)
-    pruned_model, prune_details = propose(best["proposal"], best["aim"])
+    pruned_model, prune_details = scored.get(id(best)) or propose(best["proposal"], best["aim"])
     details.update(prune_details)
     details.update({"proposal": best["proposal"], "predicted_fraction": best["predicted_fraction"],
                     "measured_fraction": best["measured_fraction"],
