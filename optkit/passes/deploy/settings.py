@@ -72,7 +72,8 @@ class CheckSettings(Settings):
     batch_size: int = _as_int8("batch_size")
     random_calibration: bool = _as_int8("random_calibration")
     eval_samples: int = _as_int8("eval_samples", help="Images on which a lower-precision model (INT8, bf16) is "
-                                 "checked against the FP32 one.")
+                                 "checked against the FP32 one (a miss within two standard errors is checked again "
+                                 "on four times as many, which decide).")
     min_agreement: float = _as_int8("min_agreement", help="Smallest fraction of images whose top-1 class a "
                                     "lower-precision model (INT8, bf16) must share with the FP32 one.")
     max_accuracy_drop: float = _as_int8("max_accuracy_drop")

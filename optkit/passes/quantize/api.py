@@ -12,12 +12,13 @@ into place; on any failure nothing is written.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,19 +137,23 @@ def quantize_onnx(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, se
         raise DataError(NO_DATA)
     checking = load_batches(check_spec, "val", shape, batch_size=batch, samples=settings.eval_samples,
                             random=check_spec is None, seed=settings.seed + 1)
+    wider = None if check_spec is None else functools.partial(
+        load_batches, check_spec, "val", shape, batch_size=batch,
+        samples=verify.SECOND_LOOK_FACTOR * settings.eval_samples, seed=settings.seed + 1)
     target = Path(int8_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".int8", dir=target.parent))
     try:
-        return _run(source, target, scratch, settings, shape, calibration, checking, timer, profiler, cache_path,
-                    start)
+        return _run(source, target, scratch, settings, shape, calibration, checking, wider, timer, profiler,
+                    cache_path, start)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shape: tuple[int, ...],
-         calibration: Batches | None, checking: Batches, timer: optypes.Timer | None,
-         profiler: optypes.Profiler | None, cache_path: str | os.PathLike | None, start: float) -> QuantizeResult:
+         calibration: Batches | None, checking: Batches, wider: Callable[[], Batches] | None,
+         timer: optypes.Timer | None, profiler: optypes.Profiler | None, cache_path: str | os.PathLike | None,
+         start: float) -> QuantizeResult:
     op_types = set(settings.op_types) or static.supported_op_types(settings.mode)
     pre, groups, known = prepare(source, scratch, op_types, settings.exclude)
     counter = itertools.count()
@@ -168,10 +173,17 @@ def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shap
     fixed = [node for group in slow for node in groups[group]] + slow_nodes
     reference = verify.outputs(pre, checking, threads=_threads())
 
+    @functools.cache
+    def more() -> tuple[Batches, Any]:
+        batches = wider()
+        return batches, verify.outputs(pre, batches, threads=_threads())
+
+    def compared(path: Path, batches: Batches, fp32) -> verify.Agreement:
+        return verify.agreement(fp32, verify.outputs(path, batches, threads=_threads()), _labels(batches))
+
     def check(path: Path) -> tuple[verify.Agreement, list[str]]:
-        result = verify.agreement(reference, verify.outputs(path, checking, threads=_threads()),
-                                  _labels(checking))
-        return result, verify.misses(result, settings.min_agreement, settings.max_accuracy_drop)
+        return verify.decided(compared(path, checking, reference), settings.min_agreement, settings.max_accuracy_drop,
+                              None if wider is None else lambda: compared(path, *more()))
 
     candidates = {n for group, names in groups.items() if group not in exclusion.NOT_SEARCHED
                   for n in names} - set(settings.exclude) - set(fixed)

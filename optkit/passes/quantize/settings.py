@@ -41,8 +41,9 @@ class Int8Settings(Settings):
     random_calibration: bool = setting(False, help="Calibrate and check on random inputs when no data is at hand "
                                        "(the INT8 model is then fit only for timing).", flag="random-calibration")
     eval_samples: int = setting(256, help="Images on which the INT8 model is checked against the FP32 one (for a "
-                                "language model, text blocks of the sequence length, at most 8,192 tokens).", low=1,
-                                flag="int8-eval-samples")
+                                "language model, text blocks of the sequence length, at most 8,192 tokens); an image "
+                                "model that misses within two standard errors is checked again on four times as many "
+                                "images, which decide.", low=1, flag="int8-eval-samples")
     min_agreement: float = setting(0.99, help="Smallest fraction of images whose top-1 class the INT8 model must "
                                    "share with the FP32 one (for a language model checked on random token ids: "
                                    "of token positions).", low=0, high=1, flag="min-agreement")
