@@ -200,7 +200,9 @@ def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shap
     if outcome.missed:
         tried = (f" even with {len(outcome.excluded)} layer(s) left in FP32 ({', '.join(outcome.excluded)})"
                  if outcome.excluded else "")
-        raise ExportError(f"the INT8 model missed the threshold on {checking.source}{tried}: "
+        where = checking.source if outcome.result.samples == checking.samples else (
+            f"{checking.source}, {outcome.result.samples} images after a near miss on {checking.samples}")
+        raise ExportError(f"the INT8 model missed the threshold on {where}{tried}: "
                           f"{'; '.join(outcome.missed)}; nothing was written (lower --min-agreement, raise "
                           "--max-accuracy-drop or --max-excluded, or keep the FP32 model)")
     quantized = len(int8_nodes(outcome.path, {n for nodes in groups.values() for n in nodes}))

@@ -90,31 +90,40 @@ def test_a_near_miss_is_decided_by_the_wider_check_alone_and_a_clear_one_never_l
     assert decided(passing, 0.98, 1.0, wider(failing)) == (passing, []) and looked == [256, 256, 64]
 
 
-def test_an_int8_model_that_misses_within_noise_passes_on_four_times_the_images(models, out, monkeypatch):
+@pytest.mark.parametrize("later_flips", [0, 3])
+def test_an_int8_model_that_misses_within_noise_is_decided_on_four_times_the_images(models, out, monkeypatch,
+                                                                                     later_flips):
     from optkit.passes.quantize import verify
     from optkit.passes.quantize.calibration import load_batches
 
     settings = Int8Settings(calib_data="synthetic:64:3x32x32:10", measure_ops=False, auto_exclude=False,
                             eval_samples=16, min_agreement=0.95, max_accuracy_drop=0.1)
-    first = np.concatenate(load_batches(settings.calib_data, "val", SHAPE, batch_size=16, samples=16,
-                                        seed=settings.seed + 1).inputs)
-    flipped = first[0].tobytes()
+    first, wider = (np.concatenate(load_batches(settings.calib_data, "val", SHAPE, batch_size=16, samples=n,
+                                                seed=settings.seed + 1).inputs) for n in (16, 64))
+    seen = {image.tobytes() for image in first}
+    flipped = {first[0].tobytes()} | set([image.tobytes() for image in wider if image.tobytes() not in seen]
+                                         [:later_flips])
     real = verify.outputs
-
     fp32 = []
 
-    def one_decision_changed(path, batches, *, threads=1):
-        """The INT8 file computes what the FP32 one does, but for one image's decision."""
+    def decisions_changed(path, batches, *, threads=1):
+        """The INT8 file computes what the FP32 one does, but for the decisions on the images in ``flipped``."""
         if not path.name.startswith("int8-"):
             fp32.append(path)
             return real(path, batches, threads=threads)
         outputs = real(fp32[0], batches, threads=threads)
         for row, image in zip(outputs, np.concatenate(batches.inputs)):
-            if image.tobytes() == flipped:
+            if image.tobytes() in flipped:
                 row[row.argmax()] = row.min() - 1
         return outputs
 
-    monkeypatch.setattr(verify, "outputs", one_decision_changed)
-    # 15 of 16 (93.75 %) misses 95 % within two standard errors (line 84.1 %); 63 of 64 passes.
-    result = quantize_onnx(models["plain"], out, settings, input_shape=SHAPE)
-    assert (result.samples, result.agreement) == (64, 63 / 64) and out.is_file()
+    monkeypatch.setattr(verify, "outputs", decisions_changed)
+    # 15 of 16 (93.75 %) misses 95 % within two standard errors (line 84.1 %); then 63 of 64 passes, 60 of 64 not.
+    if not later_flips:
+        result = quantize_onnx(models["plain"], out, settings, input_shape=SHAPE)
+        assert (result.samples, result.agreement) == (64, 63 / 64) and out.is_file()
+        return
+    with pytest.raises(ExportError, match=r"missed the threshold on synthetic:64:3x32x32:10 \(val\), 64 images after "
+                                          r"a near miss on 16: top-1 agreement 93\.75% < 95\.00%"):
+        quantize_onnx(models["plain"], out, settings, input_shape=SHAPE)
+    assert list(out.parent.iterdir()) == []
