@@ -21,7 +21,6 @@ language model's deployments are checked on its task, by perplexity, by
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -145,7 +144,8 @@ def openvino_ir(onnx_path: str | os.PathLike, xml_path: str | os.PathLike, preci
         written = scratch / target.name
         size = ir.save(model, written, precision)
         result = _check(source, written, precision, settings, checking,
-                        None if several or settings.calib_data is None else _wider(settings, shape, batch))
+                        None if several or settings.calib_data is None else verify.wider_batches(
+                            settings.calib_data, shape, batch, settings.eval_samples, settings.seed + 1))
         ir.publish(written, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -171,12 +171,6 @@ def _example_batches(source: Path, shape: tuple[int, ...], seed: int) -> Batches
     session = onnx_session(source, 1, spinning=False)
     feeds = [onnx_feed(session, shape, seed=seed + index) for index in range(EXAMPLE_BATCHES)]
     return Batches(feeds, None, "random")
-
-
-def _wider(settings: CheckSettings, shape: tuple[int, ...], batch: int) -> Callable[[], Batches]:
-    """More of the data's ``val`` split (the checking images first), for a check that misses within noise."""
-    return functools.partial(load_batches, settings.calib_data, "val", shape, batch_size=batch,
-                             samples=verify.SECOND_LOOK_FACTOR * settings.eval_samples, seed=settings.seed + 1)
 
 
 def _check(fp32_path: Path, xml_path: Path, precision: str, settings: CheckSettings, checking: Batches,
@@ -209,11 +203,9 @@ def _check(fp32_path: Path, xml_path: Path, precision: str, settings: CheckSetti
     if tolerance is not None and diff > tolerance:
         missed.append(f"max |diff| {diff:.3g} > tolerance {tolerance:.3g} ({FP32_RTOL:g} x max |output|)")
     if missed:
-        where = checking.source if found.samples == checking.samples else (
-            f"{checking.source}, {found.samples} images after a near miss on {checking.samples}")
-        raise ExportError(f"OpenVINO {precision} missed the check on {where}: {'; '.join(missed)}; nothing "
-                          "was written (lower --min-agreement or raise --max-accuracy-drop, or use a higher "
-                          "precision)")
+        raise ExportError(f"OpenVINO {precision} missed the check on {verify.checked_on(checking, found.samples)}: "
+                          f"{'; '.join(missed)}; nothing was written (lower --min-agreement or raise "
+                          "--max-accuracy-drop, or use a higher precision)")
     return (found.samples, found.agreement, found.relative_error, diff, tolerance, found.accuracy_fp32,
             found.accuracy_int8)
 

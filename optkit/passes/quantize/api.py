@@ -137,9 +137,8 @@ def quantize_onnx(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, se
         raise DataError(NO_DATA)
     checking = load_batches(check_spec, "val", shape, batch_size=batch, samples=settings.eval_samples,
                             random=check_spec is None, seed=settings.seed + 1)
-    wider = None if check_spec is None else functools.partial(
-        load_batches, check_spec, "val", shape, batch_size=batch,
-        samples=verify.SECOND_LOOK_FACTOR * settings.eval_samples, seed=settings.seed + 1)
+    wider = None if check_spec is None else verify.wider_batches(check_spec, shape, batch, settings.eval_samples,
+                                                                 settings.seed + 1)
     target = Path(int8_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".int8", dir=target.parent))
@@ -200,9 +199,8 @@ def _run(source: Path, target: Path, scratch: Path, settings: Int8Settings, shap
     if outcome.missed:
         tried = (f" even with {len(outcome.excluded)} layer(s) left in FP32 ({', '.join(outcome.excluded)})"
                  if outcome.excluded else "")
-        where = checking.source if outcome.result.samples == checking.samples else (
-            f"{checking.source}, {outcome.result.samples} images after a near miss on {checking.samples}")
-        raise ExportError(f"the INT8 model missed the threshold on {where}{tried}: "
+        raise ExportError(f"the INT8 model missed the threshold on "
+                          f"{verify.checked_on(checking, outcome.result.samples)}{tried}: "
                           f"{'; '.join(outcome.missed)}; nothing was written (lower --min-agreement, raise "
                           "--max-accuracy-drop or --max-excluded, or keep the FP32 model)")
     quantized = len(int8_nodes(outcome.path, {n for nodes in groups.values() for n in nodes}))

@@ -7,6 +7,7 @@ same decisions on real inputs.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from optkit.passes.quantize.calibration import Batches
+from optkit.passes.quantize.calibration import Batches, load_batches
 
 #: A check that misses by less than this many standard errors (of its image count) is decided again on more images.
 NOISE_SE = 2.0
@@ -115,3 +116,19 @@ def decided(result: Agreement, min_agreement: float, max_accuracy_drop: float,
         if more is not None and more.samples > result.samples:
             return more, misses(more, min_agreement, max_accuracy_drop)
     return result, missed
+
+
+def wider_batches(spec: str, shape: tuple[int, ...], batch: int, eval_samples: int,
+                  seed: int) -> Callable[[], Batches]:
+    """A loader of :data:`SECOND_LOOK_FACTOR` times ``eval_samples`` images of ``spec``'s ``val`` split, the checking
+    images (drawn with the same ``seed``) first: the second look's images."""
+    return functools.partial(load_batches, spec, "val", shape, batch_size=batch,
+                             samples=SECOND_LOOK_FACTOR * eval_samples, seed=seed)
+
+
+def checked_on(checking: Batches, samples: int) -> str:
+    """Where a verdict came from, in words: ``checking``'s source, and the image counts when a second look on
+    ``samples`` images decided it."""
+    if samples == checking.samples:
+        return checking.source
+    return f"{checking.source}, {samples} images after a near miss on {checking.samples}"
