@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from optkit.core.contract import PassResult
 from optkit.core.errors import DataError, OptkitError
 from optkit.passes.deploy.candidate import Candidate
-from optkit.passes.deploy.search import SCORE_SAMPLES, search
+from optkit.passes.deploy.search import search
 from optkit.passes.deploy.settings import CANDIDATES, TOKEN_CANDIDATES
 from optkit.passes.prune.targets.budget import budget_unit
 
@@ -94,9 +94,11 @@ def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
     section = {**result.section(f"{asked} at batch {deploy.batch}, {threads} thread(s)"), "per": per}
     deploy.plan.update(deployment=result.chosen.name, budget=section)
     chosen = result.chosen
+    images = f"{chosen.score['samples']} images of " if "samples" in chosen.score else ""
     note = (f"structured_prune: latency budget {asked}: {chosen.label} at {chosen.macs_fraction:.2f} of the MACs "
-            f"measured {chosen.ms:.2f} ms, {result.metric} {_score(chosen, result.metric)} on {deploy.calib_data} "
-            f"(val), the best of {sum(p.score is not None for p in result.points)} deployment(s) that met it; "
+            f"measured {chosen.ms:.2f} ms, {result.metric} {_score(chosen, result.metric)} on {images}"
+            f"{deploy.calib_data} (val), the best of {sum(p.score is not None for p in result.points)} "
+            "deployment(s) that met it; "
             f"pruning efficiency {chosen.efficiency:.2f} (measured speed-up {chosen.speedup:.2f}x in {chosen.label} "
             f"x MACs kept {chosen.macs_fraction:.2f})"
             + (f"; its BatchNorm statistics re-estimated on {recalibration.batches} batches of {deploy.calib_data} "
@@ -194,7 +196,8 @@ class ImageDeployer:
     Each model is exported to its own folder of ``scratch`` (verified against PyTorch) and built there with
     :func:`optkit.passes.deploy.choose.build_candidate`; timing interleaves the candidates with the unpruned
     model's ONNX Runtime FP32 file at the settings' batch and threads; scoring runs a candidate in its own
-    runtime on the first :data:`optkit.passes.deploy.search.SCORE_SAMPLES` images of the data's ``val`` split.
+    runtime on the first images of the data's ``val`` split (as many as the search asks: see
+    :data:`optkit.passes.deploy.search.SCORE_SAMPLES`).
     """
 
     metric = "accuracy"
@@ -204,7 +207,7 @@ class ImageDeployer:
         self.settings, self.shape, self.threads, self.scratch = settings, shape, threads, scratch
         self.tries = 0
         self.unpruned = self._export(model, "unpruned")
-        self._batches = None
+        self._batches: dict[int, Any] = {}
 
     def _export(self, model: nn.Module, name: str) -> Path:
         from optkit.export.onnx import export_onnx
@@ -245,26 +248,27 @@ class ImageDeployer:
                           input_shape=[self.settings.batch, *self.shape[1:]], threads=self.threads,
                           repeats=self.settings.repeats)
 
-    def score(self, candidate: Candidate) -> dict[str, float]:
+    def score(self, candidate: Candidate, samples: int) -> dict[str, float]:
         import numpy as np
 
         from optkit.passes.quantize.calibration import load_batches
         from optkit.runtime import openvino as ov
         from optkit.runtime.onnxrt import onnx_session
 
-        if self._batches is None:
-            self._batches = load_batches(self.settings.calib_data, "val", self.shape,
-                                         batch_size=self.settings.batch_size, samples=SCORE_SAMPLES,
-                                         seed=self.settings.seed)
+        if samples not in self._batches:
+            self._batches[samples] = load_batches(self.settings.calib_data, "val", self.shape,
+                                                  batch_size=self.settings.batch_size, samples=samples,
+                                                  seed=self.settings.seed)
+        batches = self._batches[samples]
         session = (ov.session(candidate.built, self.threads, precision=candidate.precision)
                    if candidate.runtime == "openvino" else onnx_session(candidate.built, self.threads))
         name = session.get_inputs()[0].name
         correct = total = 0
-        for images, labels in zip(self._batches.inputs, self._batches.labels):
+        for images, labels in zip(batches.inputs, batches.labels):
             logits = session.run(None, {name: images})[0]
             correct += int((np.argmax(logits, axis=1) == labels).sum())
             total += len(labels)
-        return {"accuracy": correct / total}
+        return {"accuracy": correct / total, "samples": total}
 
 
 def _is_baseline(candidate: Candidate, unpruned: Path) -> bool:

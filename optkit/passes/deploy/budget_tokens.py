@@ -92,7 +92,7 @@ class TokenDeployer:
         return call_fresh("optkit.passes.deploy.tokens:decode_median_ms", path=str(decode.decode_path(self.unpruned)),
                           prompt_tokens=self.prompt, threads=self.threads, batch=self.settings.batch)
 
-    def score(self, candidate: Candidate) -> dict[str, Any]:
+    def score(self, candidate: Candidate, samples: int) -> dict[str, Any]:
         perplexity = candidate.check.get("perplexity")
         if perplexity is None:
             raise OptkitError(f"{candidate.label} has no validation perplexity to be scored by: give --calib-data "

@@ -31,10 +31,13 @@ none, or only with tries more pruned than the aim its slower times point to,
 gets one more round at that aim. A ~1 ms model's time moves 15–20 % between
 timing runs on a small machine, so a try that met the budget once by luck
 would otherwise be chosen and then miss it when deployed.
-The confirmed try is its point on the frontier; every such point is scored on the ``val`` split of
-the data given (accuracy for images), and the most accurate is chosen (the
-faster one on a tie). A budget no candidate reaches is an error naming the
-fastest latency any try reached.
+The confirmed try is its point on the frontier; every such point is scored on the first
+:data:`SCORE_SAMPLES` images of the ``val`` split of the data given (accuracy for images), and the most
+accurate is chosen (the faster one on a tie). Points whose accuracy is within sampling noise of the best one's
+(:func:`within_noise_of`) are scored again on :data:`~optkit.passes.quantize.verify.SECOND_LOOK_FACTOR` times
+the images, and those scores alone decide between them: 1000 images cannot tell 66 % from 65 % (one standard
+error is 1.5 points), and the best of several noisy scores is the most likely to be optimistic. A budget no
+candidate reaches is an error naming the fastest latency any try reached.
 
 The work that touches models and runtimes is a :class:`Deployer` (build, time,
 score) and a pruner; tests give their own.
@@ -50,6 +53,7 @@ from typing import Any, Protocol
 from optkit.core.errors import OptkitError
 from optkit.core.progress import progress
 from optkit.passes.deploy.candidate import Candidate
+from optkit.passes.quantize.verify import NOISE_SE, SECOND_LOOK_FACTOR
 
 #: A try measured at most this much over the budget meets it (two timings of one model differ by about as much).
 MEET_TOLERANCE = 0.02
@@ -113,7 +117,8 @@ class Point:
             the slower of its two times), or, when none did, the fastest try.
         speedup: its unpruned latency over ``ms``.
         efficiency: ``speedup`` x ``macs_fraction``: 1.0 when the time fell as much as the MACs did.
-        score: what it scored on the data (``{"accuracy": ...}``), for the points that met the budget.
+        score: what it scored on the data (``{"accuracy": ..., "samples": ...}``: the images of the score that
+            decided), for the points that met the budget.
         reason: why it was not chosen.
     """
 
@@ -151,8 +156,10 @@ class Deployer(Protocol):
         """The unpruned ONNX Runtime FP32 file's time in ms, timed alone in a fresh process (see
         :mod:`optkit.analysis.fresh`)."""
 
-    def score(self, candidate: Candidate) -> dict[str, float]:
-        """``{metric: value}`` of a built candidate on the data."""
+    def score(self, candidate: Candidate, samples: int) -> dict[str, float]:
+        """``{"accuracy": value, "samples": n}`` of a built candidate on the first ``samples`` images of the data's
+        ``val`` split (``n``: as many as there were), or a language model's ``{"perplexity": value}`` (its check's,
+        whatever ``samples``)."""
 
 
 #: A pruner takes an aim (a latency fraction) and returns the pruned copy with its MACs and parameter fractions.
@@ -413,24 +420,42 @@ class _Search:
         return meeting
 
     def choose(self, meeting: list[Point]) -> Point:
-        """Score the points that met the budget and mark the best (the faster of two alike) chosen."""
+        """Score the points that met the budget and mark the best (the faster of two alike) chosen; accuracies
+        within noise of the best are scored again on more images, which decide between them."""
         metric = self.deployer.metric
         shown = progress(STAGE, "deployments that met the budget scored", len(meeting))
         for point in meeting:
-            point.score = self.deployer.score(self.kept(point)[0])
+            point.score = self.deployer.score(self.kept(point)[0], SCORE_SAMPLES)
             shown.step(detail=f"{point.name}: {metric} {_figure(point, metric)}")
         sign = -1 if metric == "perplexity" else 1
-        chosen = max(meeting, key=lambda p: (sign * p.score[metric], -p.ms))
-        chosen.status = "chosen"
+        best = max(meeting, key=lambda p: (sign * p.score[metric], -p.ms))
+        close = [p for p in meeting if metric == "accuracy" and best.score["samples"] >= SCORE_SAMPLES
+                 and within_noise_of(p.score, best.score)]
+        if len(close) > 1:
+            shown = progress(STAGE, f"deployments within noise of the best scored on {SECOND_LOOK_FACTOR} times "
+                                    "the images", len(close))
+            for point in close:
+                point.score = self.deployer.score(self.kept(point)[0], SECOND_LOOK_FACTOR * SCORE_SAMPLES)
+                shown.step(detail=f"{point.name}: {metric} {_figure(point, metric)}")
+            best = max(close, key=lambda p: (p.score[metric], -p.ms))
+        best.status = "chosen"
         for point in meeting:
-            if point is not chosen:
+            if point is not best:
                 point.reason = (f"met the budget, but {metric} {_figure(point, metric)} against "
-                                f"{_figure(chosen, metric)}")
-        return chosen
+                                f"{_figure(best, metric)}")
+        return best
 
     def kept(self, point: Point) -> tuple[Candidate, Any]:
         """The build and model of ``point``'s confirmed try."""
         return self.met[id(_best(point))]
+
+
+def within_noise_of(score: dict[str, float], best: dict[str, float]) -> bool:
+    """Whether accuracy ``score`` is at most :data:`~optkit.passes.quantize.verify.NOISE_SE` standard errors of a
+    difference of two binomial accuracies below ``best`` (each on its ``samples`` images)."""
+    p, q = score["accuracy"], best["accuracy"]
+    spread = p * (1 - p) / max(score["samples"], 1) + q * (1 - q) / max(best["samples"], 1)
+    return q - p <= NOISE_SE * math.sqrt(spread)
 
 
 def _same_math_faster(candidate: Candidate, unpruned: dict[str, float], built: dict[str, Candidate]) -> str | None:

@@ -63,7 +63,8 @@ def test_the_deployer_builds_times_and_scores_each_model_in_its_own_runtime(tmp_
     with torch.no_grad():
         expected = np.mean([int(p == y) for x, labels in zip(val.inputs, val.labels)
                             for p, y in zip(model(torch.from_numpy(x)).argmax(1).tolist(), labels)])
-    assert deployer.score(unpruned)["accuracy"] == pytest.approx(expected, abs=1.5 / val.samples)
+    score = deployer.score(unpruned, SCORE_SAMPLES)
+    assert score["accuracy"] == pytest.approx(expected, abs=1.5 / val.samples) and score["samples"] == val.samples
 
 
 def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the_data(monkeypatch):

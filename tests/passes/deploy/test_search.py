@@ -15,7 +15,8 @@ import pytest
 
 from optkit.core.errors import OptkitError
 from optkit.passes.deploy.candidate import Candidate
-from optkit.passes.deploy.search import AIM_MARGIN, CORRECTIONS, MEET_TOLERANCE, MIN_AIM, SLACK, search
+from optkit.passes.deploy.search import (AIM_MARGIN, CORRECTIONS, MEET_TOLERANCE, MIN_AIM, SCORE_SAMPLES, SLACK, search,
+                                         within_noise_of)
 
 BASELINE_MS = 10.0
 
@@ -27,6 +28,7 @@ class Runtime:
     pays: float = 1.0  # 1.0: the time falls as the aim says; 0.5: half of that saving shows
     refused: bool = False
     refused_at: tuple[float, ...] = ()  # pruned models (aims) whose build fails the check
+    wider: float | None = None  # its accuracy on more than SCORE_SAMPLES images (None: the same)
 
 
 class FakeDeployer:
@@ -36,6 +38,7 @@ class FakeDeployer:
         self.runtimes, self.metric, self.load = runtimes, metric, load
         self.timed: list[list[tuple[str, float]]] = []
         self.scored: list[str] = []
+        self.rescored: list[str] = []
 
     def build(self, name: str, model) -> Candidate:
         runtime, precision = name.split("-")
@@ -56,11 +59,12 @@ class FakeDeployer:
     def baseline_alone(self) -> float:
         return BASELINE_MS
 
-    def score(self, candidate: Candidate) -> dict[str, float]:
-        self.scored.append(candidate.name)
+    def score(self, candidate: Candidate, samples: int) -> dict[str, float]:
+        (self.scored if samples == SCORE_SAMPLES else self.rescored).append(candidate.name)
         spec, macs = self.runtimes[candidate.name], candidate.built
-        value = spec.accuracy - 0.2 * (1 - macs)
-        return {"perplexity": 10 / value} if self.metric == "perplexity" else {"accuracy": value}
+        measured = spec.accuracy if samples == SCORE_SAMPLES or spec.wider is None else spec.wider
+        value = measured - 0.2 * (1 - macs)
+        return {"perplexity": 10 / value} if self.metric == "perplexity" else {"accuracy": value, "samples": samples}
 
 
 def prune(aim: float):
@@ -173,6 +177,39 @@ def test_perplexity_is_lower_better():
     result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms")
     assert result.chosen.name == "onnxruntime-fp32" and result.metric == "perplexity"
     assert result.section("5 ms")["chosen"] == "onnxruntime-fp32"
+    assert deployer.rescored == []  # a perplexity is its check's, on all the validation text: no second look
+
+
+def test_accuracies_within_noise_of_the_best_are_decided_on_four_times_the_images():
+    # All three meet 5 ms unpruned, so their scores are the fake's figures. On SCORE_SAMPLES images INT8 leads bf16
+    # by one point (within noise) and FP32 trails by eleven (not); on four times the images bf16 is ahead.
+    deployer = FakeDeployer({"openvino-int8": Runtime(3.0, 0.66, wider=0.64),
+                             "openvino-bf16": Runtime(4.0, 0.65, wider=0.655),
+                             "onnxruntime-fp32": Runtime(4.5, 0.55, wider=0.70)})
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms")
+    points = {p.name: p for p in result.points}
+    assert sorted(deployer.rescored) == ["openvino-bf16", "openvino-int8"]
+    assert result.chosen.name == "openvino-bf16"
+    assert result.chosen.score == {"accuracy": 0.655, "samples": 4 * SCORE_SAMPLES}
+    assert points["openvino-int8"].reason == "met the budget, but accuracy 64.00% against 65.50%"
+    # Clearly behind on the first images: never scored again, even though more images would have favoured it.
+    assert points["onnxruntime-fp32"].score == {"accuracy": 0.55, "samples": SCORE_SAMPLES}
+
+
+def test_a_clear_lead_is_not_scored_again():
+    deployer = FakeDeployer({"openvino-int8": Runtime(3.0, 0.70, wider=0.60), "openvino-bf16": Runtime(4.0, 0.65)})
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms")
+    assert result.chosen.name == "openvino-int8" and deployer.rescored == []
+
+
+def test_within_noise_is_two_standard_errors_of_a_difference_of_two_accuracies():
+    # 66 % and 61.8 % on 1000 images each: SE = sqrt((0.66 x 0.34 + 0.618 x 0.382) / 1000) = 2.146 points, so the
+    # 4.2-point gap is 1.96 SE (within); 66 % and 61.5 %: SE 2.148, a 4.5-point gap is 2.10 SE (not).
+    best = {"accuracy": 0.66, "samples": 1000}
+    assert within_noise_of({"accuracy": 0.618, "samples": 1000}, best)
+    assert not within_noise_of({"accuracy": 0.615, "samples": 1000}, best)
+    # The same gap on four times the images is outside: SE halves.
+    assert not within_noise_of({"accuracy": 0.618, "samples": 4000}, {"accuracy": 0.66, "samples": 4000})
 
 
 def test_no_candidate_passing_its_checks_is_refused():

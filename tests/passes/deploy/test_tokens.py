@@ -168,11 +168,14 @@ def test_a_candidate_past_its_precision_limit_is_refused_with_the_figures(lm, ex
     for candidate in (c for c in result.candidates if c["name"] in names):
         assert candidate["status"] == "refused" and candidate["latency"] is None
         reason = candidate["reason"]
-        assert "\n" not in reason and reason.endswith("nothing was written")
+        assert "\n" not in reason and "nothing was written" in reason
         if candidate["name"] == "onnxruntime-int8":
-            # Dynamic INT8's own exclusion search cannot meet it either (it searches for at most +0%).
+            # Dynamic INT8's own exclusion search cannot meet it either (it searches for at most +0%): refused by
+            # its own search (ending with what to raise) where INT8 costs this tiny model any perplexity, else by
+            # the limit, like the others.
             assert "missed" in reason
             continue
+        assert reason.endswith("nothing was written")
         label = Candidate(candidate["name"], candidate["runtime"], candidate["precision"]).label
         assert reason.startswith(f"{label} missed its limit of 0.5x the FP32 perplexity on text:")
         assert "validation perplexity" in reason and "x FP32's" in reason
