@@ -11,6 +11,10 @@ latency at 2 threads, batch 1), three ways to meet it, in the same run:
   every pruned try), then ``choose_deployment`` on the pruned model (the fastest verified deployment);
 * **(b) quantization alone**: ``choose_deployment`` on the unpruned model.
 
+With ``--finetune-steps N`` each way's model is fine-tuned N steps on the training images before it is deployed:
+the joint search's chosen one (``--finetune``, as the search hands it on), (a)'s pruned model, and (b)'s unpruned
+one, all with the same pass, data and seed.
+
 The three chosen deployments and the unpruned ONNX Runtime FP32 file are then timed again in one interleaved run
 (``--repeats`` calls each, blocks of 2), and each one's test accuracy (the first ``--test-samples`` Fashion-MNIST
 test images, never used by the search) is measured in its own runtime. A way *meets* the budget when its time
@@ -35,6 +39,7 @@ A cheap run that it works (written under the partial folder, see ``_results.py``
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -57,6 +62,7 @@ from optkit.model.stats import count_macs
 from optkit.passes.batchnorm.passes import RecalibrateBatchNorm
 from optkit.passes.deploy.choose import choose_deployment
 from optkit.passes.deploy.settings import DeploySettings
+from optkit.passes.finetune.passes import FineTune
 from optkit.passes.prune.passes import StructuredPrune
 from optkit.passes.quantize.calibration import load_batches
 from optkit.runtime import openvino as ov
@@ -70,6 +76,8 @@ BATCH = 1
 DATA = "fashion-mnist"
 SHAPES = {"fashion": (1, 1, 28, 28)}
 TORCHVISION_SHAPE = (1, 3, 224, 224)
+#: Images per step when ``--finetune-steps`` fine-tunes each way's model.
+FINETUNE_BATCH = 32
 #: A way meets the budget when its time, measured again, is at most this much over it.
 TOLERANCE = 0.05
 LM_NAME = "optkit/demo/python_docs_lm"
@@ -112,7 +120,9 @@ def joint(spec: str, shape: tuple[int, ...], fraction: float, folder: Path, args
     optkit(["optimize", spec, "--input-shape", ",".join(map(str, shape)), "--target-latency", str(fraction),
             "--export", "onnx", "--deploy", "--calib-data", DATA, "--deploy-threads", str(THREADS), "--deploy-batch",
             str(BATCH), "--deploy-repeats", str(args.repeats), "--no-latency", "--out", str(out)]
-           + (["--deploy-candidates", args.candidates] if args.candidates else []))
+           + (["--deploy-candidates", args.candidates] if args.candidates else [])
+           + (["--finetune", DATA, "--max-steps", str(args.finetune_steps), "--epochs", "1", "--batch-size",
+               str(FINETUNE_BATCH)] if args.finetune_steps else []))
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     deploy, budget = report["deploy"], report["deploy"]["budget"]
     chosen = next(p for p in budget["points"] if p["status"] == "chosen")
@@ -120,6 +130,15 @@ def joint(spec: str, shape: tuple[int, ...], fraction: float, folder: Path, args
             "macs_fraction": chosen["macs_fraction"], "efficiency": chosen["efficiency"],
             "search_s": round(time.perf_counter() - start, 1), "frontier": budget["points"],
             "remeasured_by_deploy_ms": budget.get("remeasured_ms")}
+
+
+def finetuned(model, shape: tuple[int, ...], args):
+    """``model`` fine-tuned as the joint search's chosen one is with ``--finetune-steps`` (the same data, steps,
+    batch and seed), else as it is."""
+    if not args.finetune_steps:
+        return model
+    return FineTune(data=DATA, max_steps=args.finetune_steps, epochs=1, batch_size=FINETUNE_BATCH,
+                    input_shape=shape).apply(model).model
 
 
 def deployed(model, shape: tuple[int, ...], folder: Path, way: str, args, macs: float) -> dict:
@@ -149,8 +168,9 @@ def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
     pruned = StructuredPrune(target_latency=fraction, input_shape=shape, latency_threads=THREADS,
                              latency_batch=BATCH, data=DATA).apply(model).model
     RecalibrateBatchNorm(data=DATA, batches=10, input_shape=shape).apply(pruned)
-    ways.append({**deployed(pruned, shape, folder / "a", "a", args, macs), "search_s": round(time.perf_counter() - start, 1)})
-    ways.append(deployed(model, shape, folder / "b", "b", args, macs))
+    ways.append({**deployed(finetuned(pruned, shape, args), shape, folder / "a", "a", args, macs),
+                 "search_s": round(time.perf_counter() - start, 1)})
+    ways.append(deployed(finetuned(copy.deepcopy(model), shape, args), shape, folder / "b", "b", args, macs))
     deployments = [w for w in ways if "error" not in w]
     timed = interleaved_latency([Deployment(folder / "unpruned.onnx"),
                                  *(Deployment(w["path"], *w["deployment"].split("-")) for w in deployments)],
@@ -158,21 +178,27 @@ def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
     baseline = timed[0].median_ms
     budget_ms = fraction * baseline
     test = load_batches(DATA, "test", shape, batch_size=50, samples=args.test_samples)
+    right = {}
     for way, latency in zip(deployments, timed[1:]):
+        right[way["way"]] = correct(way, test)
         way.update(ms=round(latency.median_ms, 4), fraction=round(latency.median_ms / baseline, 4),
-                   meets=latency.median_ms <= budget_ms * (1 + TOLERANCE), accuracy=accuracy(way, test))
+                   meets=latency.median_ms <= budget_ms * (1 + TOLERANCE), accuracy=round(float(right[way["way"]].mean()), 4))
         way["path"] = way["path"].name
+    if "joint" in right:
+        for way in deployments[1:]:
+            way["against_joint"] = {"joint_only_right": int((right["joint"] & ~right[way["way"]]).sum()),
+                                    "only_right": int((right[way["way"]] & ~right["joint"]).sum())}
     return {"model": name, "budget_fraction": fraction, "test_samples": test.samples, "baseline_ms": round(baseline, 4),
             "budget_ms": round(budget_ms, 4), "ways": ways, "verdict": verdict(ways)}
 
 
-def accuracy(way: dict, test) -> float:
+def correct(way: dict, test) -> np.ndarray:
+    """Whether ``way``'s deployment, in its own runtime, classifies each test image right."""
     runtime, precision = way["deployment"].split("-")
     session = (ov.session(way["path"], THREADS, precision=precision) if runtime == "openvino"
                else onnx_session(way["path"], THREADS))
     name = session.get_inputs()[0].name
-    right = sum(int((np.argmax(session.run(None, {name: x})[0], 1) == y).sum()) for x, y in zip(test.inputs, test.labels))
-    return round(right / test.samples, 4)
+    return np.concatenate([np.argmax(session.run(None, {name: x})[0], 1) == y for x, y in zip(test.inputs, test.labels)])
 
 
 def verdict(ways: list[dict]) -> str:
@@ -258,7 +284,11 @@ def to_markdown(report: dict) -> str:
              f"`{report['command']}`, {report['date']}, {report['machine']}, load average {report['load_avg_at_start']}"
              f" at the start, {report.get('load_avg_at_end')} at the end; {THREADS} threads, batch {BATCH}; accuracy "
              f"on the first {report['config']['test_samples']} Fashion-MNIST test images, in each deployment's "
-             "runtime. A way meets the budget when its time, measured again with the others, is within 5% of it.",
+             "runtime. A way meets the budget when its time, measured again with the others, is within 5% of it."
+             + (f" Every way's model fine-tuned {report['config']['finetune_steps']} steps of {FINETUNE_BATCH} "
+                "Fashion-MNIST training images before it was deployed (the joint search's chosen one with "
+                "`--finetune`, (a)'s pruned and (b)'s unpruned model with the same pass and seed)."
+                if report["config"].get("finetune_steps") else ""),
              "", "| model | budget | way | deployment | MACs kept | ms (× unpruned FP32) | meets | accuracy | "
              "efficiency | search s |", "|---|---|---|---|---:|---:|---|---:|---:|---:|"]
     for row in report["rows"]:
@@ -320,8 +350,9 @@ def _image_summary(rows: list[dict]) -> list[str]:
 
 def _margins(rows: list[dict]) -> list[str]:
     """Each met row's accuracy margin of the joint search over the best of (a) and (b) that met the budget, with
-    the standard error of that difference on the test images (two independent binomial proportions): a margin
-    under two of them is within what the test sample can tell apart."""
+    the standard error of that difference on the test images: paired (from the images only one of the two gets
+    right) where the row counted them, else as two independent binomial proportions. A margin under two of them is
+    within what the test sample can tell apart."""
     lines = []
     for row in rows:
         joint_way, *others = row["ways"]
@@ -330,10 +361,15 @@ def _margins(rows: list[dict]) -> list[str]:
             continue
         best = max(meeting, key=lambda w: w["accuracy"])
         n = row.get("test_samples") or 2000
-        error = ((joint_way["accuracy"] * (1 - joint_way["accuracy"]) + best["accuracy"] * (1 - best["accuracy"]))
-                 / n) ** 0.5
+        if "against_joint" in best:
+            wins, losses = best["against_joint"]["joint_only_right"], best["against_joint"]["only_right"]
+            error, kind = (((wins + losses) / n - ((wins - losses) / n) ** 2) / n) ** 0.5, "paired"
+        else:
+            error = ((joint_way["accuracy"] * (1 - joint_way["accuracy"]) + best["accuracy"] * (1 - best["accuracy"]))
+                     / n) ** 0.5
+            kind = "unpaired"
         lines.append(f"{row['model']} at {row['budget_fraction']}: {100 * (joint_way['accuracy'] - best['accuracy']):+.2f} "
-                     f"points over ({best['way']}), standard error of the difference {100 * error:.2f} points")
+                     f"points over ({best['way']}), standard error of the difference {100 * error:.2f} points ({kind})")
     return ["", "Margins of the joint search (test accuracy): " + "; ".join(lines) + "."] if lines else []
 
 
@@ -394,6 +430,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per deployment in each timing run")
     parser.add_argument("--test-samples", type=int, default=2000, help="test images each way is scored on")
     parser.add_argument("--train-steps", type=int, default=300, help="training steps of the 224-px models")
+    parser.add_argument("--finetune-steps", type=int, default=0,
+                        help="fine-tune each way's model this many steps before it is deployed (0: none)")
     parser.add_argument("--candidates", default="", help="comma-separated deployments to try (default: all)")
     parser.add_argument("--no-language", action="store_true", help="skip the language-model rows")
     parser.add_argument("--lm-targets", default=",".join(map(str, LM_TARGETS)),
@@ -403,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(RESULTS / "budget"), help="output path without extension")
     args = parser.parse_args(argv)
     partial = partial_options(parser, args, ["models", "budgets", "repeats", "test_samples", "train_steps",
-                                             "candidates", "no_language", "lm_targets"])
+                                             "finetune_steps", "candidates", "no_language", "lm_targets"])
     out = destination(args.out, partial)
     report = {"command": "flock /tmp/optkit-bench.lock python benchmarks/budget.py "
                          + " ".join(sys.argv[1:] if argv is None else argv),
@@ -411,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
               "machine": f"{cpu_model()} ({os.cpu_count()} CPUs)",
               "load_avg_at_start": [round(v, 2) for v in os.getloadavg()],
               "config": {"threads": THREADS, "batch": BATCH, "repeats": args.repeats, "test_samples": args.test_samples,
-                         "train_steps": args.train_steps}, "rows": []}
+                         "train_steps": args.train_steps, "finetune_steps": args.finetune_steps}, "rows": []}
     # The language rows first: they are the shortest.
     if not args.no_language:
         report["language"] = []
