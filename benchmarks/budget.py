@@ -133,12 +133,12 @@ def joint(spec: str, shape: tuple[int, ...], fraction: float, folder: Path, args
 
 
 def finetuned(model, shape: tuple[int, ...], args):
-    """``model`` fine-tuned as the joint search's chosen one is with ``--finetune-steps`` (the same data, steps,
-    batch and seed), else as it is."""
+    """A copy of ``model`` fine-tuned as the joint search's chosen one is with ``--finetune-steps`` (the same data,
+    steps, batch and seed), else ``model`` itself."""
     if not args.finetune_steps:
         return model
     return FineTune(data=DATA, max_steps=args.finetune_steps, epochs=1, batch_size=FINETUNE_BATCH,
-                    input_shape=shape).apply(model).model
+                    input_shape=shape).apply(copy.deepcopy(model)).model
 
 
 def deployed(model, shape: tuple[int, ...], folder: Path, way: str, args, macs: float) -> dict:
@@ -170,7 +170,7 @@ def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
     RecalibrateBatchNorm(data=DATA, batches=10, input_shape=shape).apply(pruned)
     ways.append({**deployed(finetuned(pruned, shape, args), shape, folder / "a", "a", args, macs),
                  "search_s": round(time.perf_counter() - start, 1)})
-    ways.append(deployed(finetuned(copy.deepcopy(model), shape, args), shape, folder / "b", "b", args, macs))
+    ways.append(deployed(finetuned(model, shape, args), shape, folder / "b", "b", args, macs))
     deployments = [w for w in ways if "error" not in w]
     timed = interleaved_latency([Deployment(folder / "unpruned.onnx"),
                                  *(Deployment(w["path"], *w["deployment"].split("-")) for w in deployments)],
@@ -180,9 +180,9 @@ def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
     test = load_batches(DATA, "test", shape, batch_size=50, samples=args.test_samples)
     right = {}
     for way, latency in zip(deployments, timed[1:]):
-        right[way["way"]] = correct(way, test)
+        hits = right[way["way"]] = correct(way, test)
         way.update(ms=round(latency.median_ms, 4), fraction=round(latency.median_ms / baseline, 4),
-                   meets=latency.median_ms <= budget_ms * (1 + TOLERANCE), accuracy=round(float(right[way["way"]].mean()), 4))
+                   meets=latency.median_ms <= budget_ms * (1 + TOLERANCE), accuracy=round(float(hits.mean()), 4))
         way["path"] = way["path"].name
     if "joint" in right:
         for way in deployments[1:]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from optkit.core.contract import PassResult
 from optkit.core.errors import DataError, OptkitError
 from optkit.passes.deploy.candidate import Candidate
-from optkit.passes.deploy.search import search
+from optkit.passes.deploy.search import score_figure, search
 from optkit.passes.deploy.settings import CANDIDATES, TOKEN_CANDIDATES
 from optkit.passes.prune.targets.budget import budget_unit
 
@@ -96,7 +96,7 @@ def meet_budget(deploy: Any, prune: Any, model: nn.Module) -> PassResult:
     chosen = result.chosen
     images = f"{chosen.score['samples']} images of " if "samples" in chosen.score else ""
     note = (f"structured_prune: latency budget {asked}: {chosen.label} at {chosen.macs_fraction:.2f} of the MACs "
-            f"measured {chosen.ms:.2f} ms, {result.metric} {_score(chosen, result.metric)} on {images}"
+            f"measured {chosen.ms:.2f} ms, {result.metric} {score_figure(chosen, result.metric)} on {images}"
             f"{deploy.calib_data} (val), the best of {sum(p.score is not None for p in result.points)} "
             "deployment(s) that met it; "
             f"pruning efficiency {chosen.efficiency:.2f} (measured speed-up {chosen.speedup:.2f}x in {chosen.label} "
@@ -183,11 +183,6 @@ def _batchnorm_recalibration(model: nn.Module, data: str, shape: tuple[int, ...]
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         return None
     return RecalibrateBatchNorm(data=data, input_shape=shape)
-
-
-def _score(point: Any, metric: str) -> str:
-    value = point.score[metric]
-    return f"{value:.2%}" if metric == "accuracy" else f"{value:.3f}"
 
 
 class ImageDeployer:

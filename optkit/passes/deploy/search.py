@@ -426,23 +426,23 @@ class _Search:
         shown = progress(STAGE, "deployments that met the budget scored", len(meeting))
         for point in meeting:
             point.score = self.deployer.score(self.kept(point)[0], SCORE_SAMPLES)
-            shown.step(detail=f"{point.name}: {metric} {_figure(point, metric)}")
+            shown.step(detail=f"{point.name}: {metric} {score_figure(point, metric)}")
         sign = -1 if metric == "perplexity" else 1
         best = max(meeting, key=lambda p: (sign * p.score[metric], -p.ms))
-        close = [p for p in meeting if metric == "accuracy" and best.score["samples"] >= SCORE_SAMPLES
-                 and within_noise_of(p.score, best.score)]
+        rescorable = metric == "accuracy" and best.score["samples"] >= SCORE_SAMPLES
+        close = [p for p in meeting if within_noise_of(p.score, best.score)] if rescorable else []
         if len(close) > 1:
             shown = progress(STAGE, f"deployments within noise of the best scored on {SECOND_LOOK_FACTOR} times "
                                     "the images", len(close))
             for point in close:
                 point.score = self.deployer.score(self.kept(point)[0], SECOND_LOOK_FACTOR * SCORE_SAMPLES)
-                shown.step(detail=f"{point.name}: {metric} {_figure(point, metric)}")
+                shown.step(detail=f"{point.name}: {metric} {score_figure(point, metric)}")
             best = max(close, key=lambda p: (p.score[metric], -p.ms))
         best.status = "chosen"
         for point in meeting:
             if point is not best:
-                point.reason = (f"met the budget, but {metric} {_figure(point, metric)} against "
-                                f"{_figure(best, metric)}")
+                point.reason = (f"met the budget, but {metric} {score_figure(point, metric)} against "
+                                f"{score_figure(best, metric)}")
         return best
 
     def kept(self, point: Point) -> tuple[Candidate, Any]:
@@ -506,7 +506,8 @@ def _best(point: Point) -> Try | None:
     return max((t for t in point.tries if t.meets), key=lambda t: (t.macs_fraction, -t.ms), default=None)
 
 
-def _figure(point: Point, metric: str) -> str:
+def score_figure(point: Point, metric: str) -> str:
+    """``point``'s score in ``metric`` as reports show it (a percentage for accuracy)."""
     value = point.score[metric]
     return f"{value:.2%}" if metric == "accuracy" else f"{value:.3f}"
 
