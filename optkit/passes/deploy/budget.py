@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from optkit.core.contract import PassResult
 from optkit.core.errors import DataError, OptkitError
 from optkit.passes.deploy.candidate import Candidate
-from optkit.passes.deploy.search import score_figure, search
+from optkit.passes.deploy.search import Pruned, score_figure, search
 from optkit.passes.deploy.settings import CANDIDATES, TOKEN_CANDIDATES
 from optkit.passes.prune.targets.budget import budget_unit
 
@@ -139,15 +139,15 @@ def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], t
     on the run's data); a language model to that fraction of its
     parameters (a decode step's time follows the weights it reads), with the run's text for the transformer
     engine. ``recalibration`` (a :class:`~optkit.passes.batchnorm.passes.RecalibrateBatchNorm`, or ``None``) is
-    applied to each copy. Each returns the copy with its MACs and parameter fractions, or raises ``OptkitError``
-    for an aim the engine cannot reach."""
+    applied to each copy. Each returns a :class:`~optkit.passes.deploy.search.Pruned` (an image model's with the
+    engine's own measured latency fraction), or raises ``OptkitError`` for an aim the engine cannot reach."""
     import copy
 
     from optkit.model.stats import count_macs, count_params
 
     macs, params = count_macs(model, shape), count_params(model)
 
-    def pruner(aim: float) -> tuple[Any, float, float]:
+    def pruner(aim: float) -> Pruned:
         if language:
             engine = dataclasses.replace(prune, target_latency=None, target_params=aim, deployment=None,
                                          data=prune.data or deploy.calib_data,
@@ -156,12 +156,14 @@ def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], t
             engine = dataclasses.replace(prune, target_latency=aim, deployment=None, latency_threads=threads,
                                          latency_batch=deploy.batch, data=prune.data or deploy.calib_data)
         try:
-            pruned = engine.apply(copy.deepcopy(model)).model
+            result = engine.apply(copy.deepcopy(model))
         except ValueError as e:  # a target the engine cannot reach (a transformer's mix search says so)
             raise OptkitError(str(e)) from e
+        pruned = result.model
         if recalibration is not None:
             recalibration.apply(pruned)
-        return pruned, count_macs(pruned, shape) / macs, count_params(pruned) / params
+        return Pruned(pruned, count_macs(pruned, shape) / macs, count_params(pruned) / params,
+                      None if language else result.details.get("measured_fraction"))
 
     return pruner
 

@@ -28,9 +28,12 @@ is timed once more, all of them in one interleaved run (rescaled the same way),
 and keeps its place only if it meets the budget again; else the candidate's next
 least pruned try that met it is confirmed the same way; a deployment left with
 none, or only with tries more pruned than the aim its slower times point to,
-gets one more round at that aim. A ~1 ms model's time moves 15–20 % between
-timing runs on a small machine, so a try that met the budget once by luck
-would otherwise be chosen and then miss it when deployed.
+gets one more round at that aim, and so does one whose confirmed try leaves more
+than :data:`SLACK` of the budget unspent when the rounds ran out. A ~1 ms model's
+time moves 15–20 % between timing runs on a small machine, so a try that met the
+budget once by luck would otherwise be chosen and then miss it when deployed; and
+one try timed far off its aim bends the line the next aim is read from, so the
+rounds can end on a try pruned much more than the budget needs.
 The confirmed try is its point on the frontier; every such point is scored on the first
 :data:`SCORE_SAMPLES` images of the ``val`` split of the data given (accuracy for images), and the most
 accurate is chosen (the faster one on a tie). Points whose accuracy is within sampling noise of the best one's
@@ -48,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from optkit.core.errors import OptkitError
 from optkit.core.progress import progress
@@ -91,6 +94,9 @@ class Try:
             :data:`MEET_TOLERANCE`).
         reason: why it was not timed (the pruner could not reach the aim, or the candidate failed its check).
         confirmed_ms: its time in the confirming run, for the tries that run timed again.
+        pruner_fraction: the pruner's own measure of the copy's latency as a fraction of the unpruned model's
+            (the latency-target engine's, in ONNX Runtime FP32), where it gives one: set beside ``ms``, it shows
+            whether a try landed off its aim in the pruner or in the deployment.
     """
 
     aim: float
@@ -100,6 +106,7 @@ class Try:
     meets: bool = False
     reason: str | None = None
     confirmed_ms: float | None = None
+    pruner_fraction: float | None = None
 
 
 @dataclass
@@ -162,8 +169,19 @@ class Deployer(Protocol):
         whatever ``samples``)."""
 
 
-#: A pruner takes an aim (a latency fraction) and returns the pruned copy with its MACs and parameter fractions.
-Pruner = Callable[[float], tuple[Any, float, float]]
+class Pruned(NamedTuple):
+    """A copy pruned to an aim: the model, its MACs and parameter fractions, and the pruner's own measure of its
+    latency fraction (``None`` where the pruner does not time it)."""
+
+    model: Any
+    macs_fraction: float
+    params_fraction: float
+    measured_fraction: float | None = None
+
+
+#: A pruner takes an aim (a latency fraction) and returns the pruned copy (a :class:`Pruned`, or a tuple of its
+#: first three fields).
+Pruner = Callable[[float], Pruned | tuple[Any, float, float]]
 
 
 @dataclass
@@ -315,9 +333,9 @@ class _Search:
                                                                          f"{self.cache[aim]}"))
                 shown.step(detail=f"{name} at {aim:.2f} of its latency: pruning failed")
                 continue
-            pruned, macs, params = self.cache[aim]
+            pruned, macs, params, measured = Pruned(*self.cache[aim])
             candidate = self.deployer.build(name, pruned)
-            attempt = Try(aim, macs, params)
+            attempt = Try(aim, macs, params, pruner_fraction=measured)
             self.points[name].tries.append(attempt)
             shown.step(detail=f"{name} at {aim:.2f} of its latency: MACs {macs:.3f}, {candidate.status}")
             if candidate.status != "verified":
@@ -360,17 +378,26 @@ class _Search:
             shown.step(detail=f"{sum(a.meets for a in pending)} of {len(pending)} met it again")
 
     def after_confirmation(self, ready: Sequence[str]) -> dict[str, float]:
-        """The aims of one more round for the deployments whose least pruned try that met the budget missed it when
-        timed again, where the next aim (taken from the slower times) is less pruned than what is left: no try at
-        all, or one much more pruned (efficientnet_b0 at 0.3 of its latency: the try at aim 0.28, 0.14 of the
-        MACs, timed 1.45 then 1.63 ms against 1.50, which left the one at 0.24, 0.07 of the MACs)."""
+        """The aims of one more round for the deployments the rounds left short, where the next aim (taken from
+        every time, the slower of two) is less pruned than the try left as their point:
+
+        - the least pruned try that met the budget missed it when timed again, leaving no try or one much more
+          pruned (efficientnet_b0 at 0.3 of its latency: the try at aim 0.28, 0.14 of the MACs, timed 1.45 then
+          1.63 ms against 1.50, which left the one at 0.24, 0.07 of the MACs);
+        - the try left meets the budget with more than :data:`SLACK` of it unspent, the rounds having run out
+          (efficientnet_b0 at 0.5 on a 2-CPU EPYC: a try at aim 0.48 timed 0.69 of the unpruned latency, the line
+          through it sent the next to aim 0.12, and the one between them, 0.20 of the MACs, met 0.5 at 0.33).
+        """
         aims = {}
         for name in ready:
             point = self.points[name]
-            missed_again = [t for t in point.tries if t.confirmed_ms is not None and not t.meets]
-            if point.status == "dominated" or not missed_again:
+            if point.status == "dominated":
                 continue
             left = _best(point)
+            missed_again = any(t.confirmed_ms is not None and not t.meets for t in point.tries)
+            unspent = left is not None and _slower(left) < self.budget_ms * (1 - SLACK)
+            if not (missed_again or unspent):
+                continue
             if (aim := self._following_aim(point.tries)) is not None and (left is None or aim > left.aim):
                 aims[name] = aim
         return aims

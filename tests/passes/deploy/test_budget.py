@@ -79,10 +79,12 @@ def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the
     halved = StructuredPrune(ratio=0.5, round_to=8, input_shape=SHAPE)(Depthwise().eval())
     engines = []
     monkeypatch.setattr(StructuredPrune, "apply",
-                        lambda self, m: engines.append(self) or PassResult(copy.deepcopy(halved), {}))
+                        lambda self, m: engines.append(self) or PassResult(copy.deepcopy(halved),
+                                                                           {"measured_fraction": 0.47}))
     recalibration = _batchnorm_recalibration(model, DATA, SHAPE)
     engine = StructuredPrune(target_latency=0.5, input_shape=SHAPE)
-    pruned, macs, params = _pruner(engine, DeploySettings(calib_data=DATA), model, SHAPE, 1, False, recalibration)(0.5)
+    pruned, macs, params, measured = _pruner(engine, DeploySettings(calib_data=DATA), model, SHAPE, 1, False,
+                                             recalibration)(0.5)
 
     images = torch.stack([image for image, _ in load_dataset(DATA, "train", augment=False)])
     assert len(images) % recalibration.batch_size == 0  # every image is in one of the equal batches
@@ -90,6 +92,7 @@ def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the
         expected = pruned.stem[0](images).mean(dim=(0, 2, 3))
     torch.testing.assert_close(pruned.stem[1].running_mean, expected, rtol=1e-4, atol=1e-5)
     assert pruned.stem[1].num_features == 16 and 0.2 < macs < 0.5 and 0.2 < params < 0.5
+    assert measured == 0.47  # the engine's own measure of the copy's latency, kept beside the search's
     assert torch.equal(model.stem[1].running_mean, torch.zeros(32))  # the caller's model is as it was
     assert _batchnorm_recalibration(nn.Sequential(nn.Conv2d(3, 4, 1)), DATA, SHAPE) is None
     # the engine chooses among the copies that reach the aim by accuracy on the run's data
@@ -144,6 +147,8 @@ def test_a_pipeline_meets_a_budget_measured_again_in_the_chosen_deployment(tmp_p
     chosen = next(p for p in budget["points"] if p["status"] == "chosen")
     assert chosen["ms"] <= budget["budget_ms"] and chosen["score"]["accuracy"] >= 0.0
     assert budget["met_again"], json.dumps(budget, indent=1)
+    pruned_tries = [t for p in budget["points"] for t in p["tries"] if t["ms"] is not None and t["aim"] < 1.0]
+    assert pruned_tries and all(0.0 < t["pruner_fraction"] < 1.5 for t in pruned_tries)
     assert (tmp_path / "frontier.png").is_file()
 
 

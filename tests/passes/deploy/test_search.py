@@ -15,8 +15,8 @@ import pytest
 
 from optkit.core.errors import OptkitError
 from optkit.passes.deploy.candidate import Candidate
-from optkit.passes.deploy.search import (AIM_MARGIN, CORRECTIONS, MEET_TOLERANCE, MIN_AIM, SCORE_SAMPLES, SLACK, search,
-                                         within_noise_of)
+from optkit.passes.deploy.search import (AIM_MARGIN, CORRECTIONS, MEET_TOLERANCE, MIN_AIM, SCORE_SAMPLES, SLACK, Pruned,
+                                         search, within_noise_of)
 
 BASELINE_MS = 10.0
 
@@ -383,3 +383,26 @@ def test_a_try_that_missed_when_timed_again_leaving_only_more_pruned_ones_gets_a
     assert list(tries) == [1.0, 0.46, 0.64, 0.7, 0.68]
     assert tries[0.64].meets and not tries[0.7].meets and tries[0.7].confirmed_ms == pytest.approx(4.9)
     assert result.model == 0.68 and result.chosen.ms == pytest.approx(10.0 * 0.68 ** 2)
+
+
+def test_rounds_that_end_with_the_budget_unspent_get_one_more_round_between_the_closest_tries():
+    """Time in proportion to the aim, 5 ms asked (4.85 aimed at), but the copy at aim 0.48 is timed at 6.9 ms (a
+    copy that landed off its aim). The line through it and the unpruned model sends the next try to 0.12 (1.2 ms),
+    the round between them to 0.34 (3.4 ms, the rounds run out), which leaves 32 % of the budget unspent: one more
+    round interpolates between 0.34 and 0.48, 0.34 + (4.85 - 3.4) / 25 = 0.398, and 0.38 (3.8 ms) is chosen."""
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.92)})
+    deployer.ms = lambda candidate: 6.9 if candidate.built == 0.48 else 10.0 * candidate.built
+    result = search(["onnxruntime-fp32"], deployer, lambda aim: Pruned(aim, aim, aim, round(aim + 0.01, 4)),
+                    budget=0.5, unit="fraction", unpruned_model="full")
+    tries = result.chosen.tries
+    assert [t.aim for t in tries] == [1.0, 0.48, 0.12, 0.34, 0.38]
+    assert result.model == 0.38 and result.chosen.ms == pytest.approx(3.8)
+    assert tries[-1].confirmed_ms == pytest.approx(3.8)  # confirmed like any round's try
+    # the pruner's own measure of each copy is kept beside the deployment's time
+    assert [t.pruner_fraction for t in tries] == [None, 0.49, 0.13, 0.35, 0.39]
+
+
+def test_a_confirmed_try_within_the_slack_of_the_budget_gets_no_more_rounds():
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.92)})
+    result = search(["onnxruntime-fp32"], deployer, prune, budget=5.0, unit="ms", unpruned_model="full")
+    assert [t.aim for t in result.chosen.tries] == [1.0, 0.48]  # 4.8 ms: 4 % under the budget
