@@ -448,3 +448,29 @@ def test_a_try_that_misses_again_keeps_its_faster_time():
     missed = result.chosen.tries[1]
     assert not missed.meets and missed.slowed_ms == pytest.approx(first[missed.aim])
     assert missed.ms == pytest.approx(10.0 * (1 - 0.5 * (1 - missed.aim)))
+
+
+def test_an_aim_extrapolated_from_two_close_tries_takes_its_slope_from_the_farthest():
+    """OpenVINO bf16 of efficientnet_b0 on a 2-CPU EPYC: unpruned 4.37 ms, aim 0.70 timed 3.295, aim 0.64 timed
+    3.27 (its slower time), 3.086 aimed at. The line through 0.64 and the unpruned model gives
+    0.64 - (3.27 - 3.086) / ((4.37 - 3.27) / 0.36) = 0.580; the line through the two close tries would have given
+    0.64 - 0.184 / (0.025 / 0.06) = 0.20."""
+    from optkit.passes.deploy.search import Try, _next_aim
+
+    tries = [Try(1.0, 1.0, 1.0, ms=4.37), Try(0.70, 0.6, 0.6, ms=3.295),
+             Try(0.64, 0.587, 0.587, ms=3.172, confirmed_ms=3.27)]
+    assert _next_aim(tries, 3.086) == pytest.approx(0.64 - (3.27 - 3.086) / ((4.37 - 3.27) / 0.36), abs=1e-9)
+
+
+def test_a_try_confirmed_once_is_not_timed_a_third_time_when_another_deployment_gets_one_more_round():
+    """ONNX Runtime FP32 meets 5 ms unpruned (4.9 ms) and is confirmed with the first confirming run; OpenVINO bf16's
+    only try met by luck and gets one more round, whose try is confirmed in a second run. That run times only the
+    new try: a third timing would give the unpruned FP32 point one more chance to miss than the other had."""
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(4.9, 0.90), "openvino-bf16": Runtime(10.0, 0.92, pays=0.9)})
+    _lucky_once(deployer)
+    result = search(list(deployer.runtimes), deployer, prune, budget=5.0, unit="ms", unpruned_model="full")
+    timings = [aim for run in deployer.timed for name, aim in run if name == "onnxruntime-fp32"]
+    assert timings == [1.0, 1.0]  # with the other unpruned candidates, then in the first confirming run
+    bf16 = next(p for p in result.points if p.name == "openvino-bf16")
+    assert sorted(t.aim for t in bf16.tries) == [0.42, 0.48, 1.0] and bf16.status in ("met", "chosen")
+    assert deployer.timed[-1] == [("openvino-bf16", 0.42)]
