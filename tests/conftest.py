@@ -39,6 +39,17 @@ def _quiet_machine(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _short_report_timings(monkeypatch):
+    """A report's ONNX Runtime timing of the original against the result takes 6 timed calls of each file instead
+    of 30: the tests check what the report says of a timing, never the figure, and the 30 calls (on fresh sessions,
+    twice for a model timed at a larger batch too) were the largest cost of the command-line tests."""
+    from optkit import workflow
+
+    monkeypatch.setitem(workflow.onnx_latency.__kwdefaults__, "repeats", 6)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield
