@@ -583,5 +583,12 @@ def _unreachable(points: Sequence[Point] | Any, budget_ms: float, tokens_per_ste
         rate, asked = tokens_per_step * 1000.0 / ms, tokens_per_step * 1000.0 / budget_ms
         return (f"no deployment meets the budget of {asked:.1f} decode tokens/s: the fastest reachable is {rate:.1f} "
                 f"tokens/s {where}; give --target-latency {rate / 1.05:.1f}tok/s or less; nothing was written")
-    return (f"no deployment meets the budget of {budget_ms:.2f} ms per call: the fastest reachable is {ms:.2f} ms "
-            f"{where}; give --target-latency {ms * 1.05:.2f}ms or more; nothing was written")
+    return (f"no deployment meets the budget of {_ms(budget_ms)} ms per call: the fastest reachable is {_ms(ms)} ms "
+            f"{where}; give --target-latency {_ms(ms * 1.05)}ms or more; nothing was written")
+
+
+def _ms(value: float) -> str:
+    """``value`` with two decimals, or as many as show two significant digits (a model of 0.05 ms: a budget of
+    0.045 ms and a fastest time of 0.048 would both read 0.05 with two)."""
+    decimals = max(2, 1 - math.floor(math.log10(value))) if value > 0 else 2
+    return f"{value:.{decimals}f}"

@@ -474,3 +474,17 @@ def test_a_try_confirmed_once_is_not_timed_a_third_time_when_another_deployment_
     bf16 = next(p for p in result.points if p.name == "openvino-bf16")
     assert sorted(t.aim for t in bf16.tries) == [0.42, 0.48, 1.0] and bf16.status in ("met", "chosen")
     assert deployer.timed[-1] == [("openvino-bf16", 0.42)]
+
+
+def test_a_refusal_of_a_budget_under_a_tenth_of_a_millisecond_shows_two_significant_digits():
+    """A model of 0.1 ms where pruning pays 58 % of the aim's saving: 0.045 ms asked, 0.05 ms at best. With two
+    decimals both would read 0.05."""
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(0.1, 0.9, pays=0.58)})
+    with pytest.raises(OptkitError) as caught:
+        search(["onnxruntime-fp32"], deployer, prune, budget=0.045, unit="ms")
+    fastest = min(deployer.ms(Candidate("onnxruntime-fp32", "onnxruntime", "fp32", built=aim))
+                  for run in deployer.timed for _, aim in run)
+    assert 0.046 < fastest < 0.1
+    message = str(caught.value)
+    assert f"budget of 0.045 ms per call: the fastest reachable is {fastest:.3f} ms" in message, message
+    assert f"give --target-latency {fastest * 1.05:.3f}ms or more" in message
