@@ -11,7 +11,8 @@ own runtime and precision, and the aim is corrected by what was measured, for at
 most :data:`CORRECTIONS` more rounds: down when the try missed the budget, up
 (less pruning) when it met it with more than :data:`SLACK` to spare; the next aim
 is interpolated between the tries closest to the budget on either side (the
-unpruned model is the try at aim 1.0), else extrapolated through the two closest. Every
+unpruned model is the try at aim 1.0), else extrapolated from the closest try along
+the line to the try farthest from it. Every
 round's tries are timed in one interleaved run with the unpruned FP32 file (those
 that missed the budget once more, in a second run, the faster time counting: one
 reading slowed by a burst of load would bound every later aim), and each time is
