@@ -185,9 +185,8 @@ class Pruned(NamedTuple):
     measured_fraction: float | None = None
 
 
-#: A pruner takes an aim (a latency fraction) and returns the pruned copy (a :class:`Pruned`, or a tuple of its
-#: first three fields).
-Pruner = Callable[[float], Pruned | tuple[Any, float, float]]
+#: A pruner takes an aim (a latency fraction) and returns the pruned copy.
+Pruner = Callable[[float], Pruned]
 
 
 @dataclass
@@ -339,7 +338,7 @@ class _Search:
                                                                          f"{self.cache[aim]}"))
                 shown.step(detail=f"{name} at {aim:.2f} of its latency: pruning failed")
                 continue
-            pruned, macs, params, measured = Pruned(*self.cache[aim])
+            pruned, macs, params, measured = self.cache[aim]
             candidate = self.deployer.build(name, pruned)
             attempt = Try(aim, macs, params, pruner_fraction=measured)
             self.points[name].tries.append(attempt)

@@ -69,7 +69,7 @@ class FakeDeployer:
 
 def prune(aim: float):
     """The fake pruner: the model is its aim, and keeps that fraction of the MACs and parameters."""
-    return aim, aim, aim
+    return Pruned(aim, aim, aim)
 
 
 def test_each_candidate_is_pruned_just_enough_and_the_most_accurate_is_chosen():
