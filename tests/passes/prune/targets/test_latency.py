@@ -142,6 +142,24 @@ def test_choice_given_scores_keeps_the_most_accurate_try_within_the_tolerance():
     assert _choose(tries, 0.5)["proposal"] == "importance"
 
 
+def test_choice_given_scores_takes_a_faster_try_that_scores_higher_and_never_a_slower_one():
+    from optkit.passes.prune.targets.latency import _choose, _eligible
+
+    def scored(proposal, measured, macs, accuracy):
+        return {**_try(proposal, measured, macs), "score": {"accuracy": accuracy, "agreement": accuracy}}
+
+    # efficientnet_b0 at 0.3: the macs copy measured 0.248, 0.002 under a two-sided window, and scores best.
+    tries = [scored("importance", 0.247, 0.11, 0.28), scored("blend", 0.27, 0.13, 0.33),
+             scored("macs", 0.248, 0.16, 0.38), scored("macs", 0.36, 0.19, 0.45)]
+    assert _choose(tries, 0.3, scoring=True)["macs_fraction"] == 0.16
+    # 0.36 is more than the tolerance over 0.3: never kept, however accurate; 0.35 is at the edge and is.
+    assert not _eligible(tries[-1], 0.3, True) and _eligible(_try("macs", 0.35, 0.2), 0.3, True)
+    # Unscored (no data), the window stays two-sided: 0.248 is out, blend is the only try within.
+    assert not _eligible(tries[2], 0.3, False)
+    assert _choose([_try(t["proposal"], t["measured_fraction"], t["macs_fraction"]) for t in tries],
+                   0.3)["proposal"] == "blend"
+
+
 def test_given_data_the_tries_within_the_tolerance_are_scored_recalibrated_and_the_most_accurate_kept(monkeypatch):
     from optkit.data import load_dataset
 
@@ -165,8 +183,9 @@ def test_given_data_the_tries_within_the_tolerance_are_scored_recalibrated_and_t
     result = StructuredPrune(target_latency=0.6, input_shape=SHAPE, latency_threads=1, round_to=8,
                              data=data).apply(model)
     d = result.details
-    within = [t for t in d["tries"] if abs(t["measured_fraction"] - 0.6) <= LATENCY_TOLERANCE]
+    within = [t for t in d["tries"] if t["measured_fraction"] <= 0.6 + LATENCY_TOLERANCE]
     assert len(within) > 1 and all("score" in t for t in within) and d["scored_on"] == data
+    assert not any("score" in t for t in d["tries"] if t not in within)
     kept = max(within, key=lambda t: (t["score"]["accuracy"], t["score"]["agreement"],
                                       t["macs_fraction"] / t["measured_fraction"]))
     assert (d["proposal"], d["measured_fraction"]) == (kept["proposal"], kept["measured_fraction"])
@@ -240,3 +259,5 @@ def test_finalists_are_the_tries_within_the_tolerance_and_each_proposals_closest
              _try("importance", 0.47, 0.35), _try("macs", 0.58, 0.45), _try("blend", 0.51, 0.42)]
     # Within 0.05: indices 3 (0.47) and 5 (0.51), and 2 (0.53); macs's closest is 4 (0.58).
     assert _finalists(tries, 0.5) == [2, 3, 4, 5]
+    # Scored on data, every try at most 0.05 over the target is a finalist: 0 (0.40) too.
+    assert _finalists(tries, 0.5, scoring=True) == [0, 2, 3, 4, 5]
