@@ -252,6 +252,16 @@ def test_importance_uniform_and_blend_allocations():
     assert blend == [32, 96]  # halfway (32, 104), to the nearest multiple of 16 (ties to even)
 
 
+def test_a_kept_try_far_from_the_target_says_why_it_was_kept():
+    from optkit.passes.prune.targets.latency import _off_target
+
+    fast = {**_try("macs", 0.31, 0.3), "score": {"accuracy": 0.7}}
+    assert _off_target(fast, 3, 7, 0.5).endswith("measured 0.310, faster than asked: the most accurate of the 3 of "
+                                                 "7 tries measured at most 0.55")
+    assert _off_target(_try("macs", 0.31, 0.3), 1, 7, 0.5).endswith("the only one of 7 tries measured at most 0.55")
+    assert _off_target(_try("macs", 0.62, 0.5), 0, 4, 0.5).endswith("measured 0.620 (closest of 4 tries)")
+
+
 def test_finalists_are_the_tries_within_the_tolerance_and_each_proposals_closest():
     from optkit.passes.prune.targets.latency import _finalists
 
