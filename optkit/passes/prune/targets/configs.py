@@ -109,8 +109,8 @@ class LatencyTarget:
         threads: intra-op threads timed at (``None``: all cores).
         batch: the batch timed.
         round_to: channel multiple, or ``None`` to pick one by the latency table.
-        data: a dataset spec, or ``None``: with one, the tries measured at most the tolerance over the fraction
-            (faster ones included) are scored on its
+        data: a dataset spec, or ``None``: with one, the tries measured near the fraction (a little faster
+            included, see :func:`optkit.passes.prune.targets.latency.search`) are scored on its
             validation split (BatchNorm re-estimated on its training split) and the most accurate is kept;
             without, the one keeping the most MACs per measured millisecond.
     """

@@ -28,8 +28,8 @@ averaged. Of the tries within the tolerance, the one keeping the most MACs
 per unit of measured latency is returned (the least importance removed
 breaks near-ties); when none is within, the one measured closest.
 
-Given data (``StructuredPrune(data=...)``), every try measured at most the
-tolerance over the target (the faster ones too: the target is a budget) is
+Given data (``StructuredPrune(data=...)``), every try measured from
+:data:`FASTER_TOLERANCE` under the target to the tolerance over it is
 instead timed twice and scored on the data's validation split, each with its
 BatchNorm statistics re-estimated on training images
 (:mod:`optkit.passes.prune.targets.scoring`), and the most accurate is
@@ -42,6 +42,12 @@ target would let timing noise decide: on efficientnet_b0 (2-CPU EPYC, target
 under the window, which left the ``blend`` copy at 0.13 of the MACs the only
 one within it, kept unscored; asked for 0.28, another run kept a copy at 0.11
 of the MACs, where one at 0.17 measured 0.30 and scored 38 % against 29 %.
+The window is still bounded below: a copy much faster than asked gave up
+latency the target allows, and the most accurate of many copies near chance
+on 512 images is the luckiest (the shipped Fashion-MNIST model, asked for
+0.44 with the window open below, kept a copy measured 0.32, 0.14 of the MACs,
+that scored 14 % on 1000 val images once deployed, where a copy at 0.26 of
+the MACs scored 45 %).
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ if TYPE_CHECKING:
     from optkit.passes.prune.targets.latency_table import LatencyTable
 
 LATENCY_TOLERANCE = 0.05
+#: Given data, a try measured up to this much under the target competes too (two timings of one copy on a
+#: shared 2-CPU machine differ by up to 0.07).
+FASTER_TOLERANCE = 2 * LATENCY_TOLERANCE
 MAX_RETRIES = 2
 AUTO_ROUND_TO = (4, 8, 16, 32)
 PROPOSALS = ("importance", "macs", "blend")
@@ -176,7 +185,8 @@ def search(target: LatencyTarget, spec: PruneSpec, model: nn.Module) -> PassResu
     notes.append(f"structured_prune: latency {best['measured_fraction']:.3f} of the original measured "
                  f"({threads} threads, batch {target.batch}; predicted {best['predicted_fraction']:.3f}), "
                  f"MACs {details['macs_fraction']:.3f}, by the {best['proposal']} proposal, best of {len(tries)} timed"
-                 + (f"; the most accurate of {len(within)} measured at most {goal + LATENCY_TOLERANCE:.2f} on "
+                 + (f"; the most accurate of {len(within)} measured between {goal - FASTER_TOLERANCE:.2f} and "
+                    f"{goal + LATENCY_TOLERANCE:.2f} on "
                     f"{target.data} (val, BatchNorm re-estimated): {_figure(best['score'])}"
                     if "score" in best else ""))
     if abs(best["measured_fraction"] - goal) > LATENCY_TOLERANCE:
@@ -191,7 +201,8 @@ def _off_target(best: dict[str, Any], eligible: int, tried: int, target: float) 
     if not eligible:
         return f"{asked} (closest of {tried} tries)"
     which = "the only one" if eligible == 1 else f"the most accurate of the {eligible}"
-    return f"{asked}, faster than asked: {which} of {tried} tries measured at most {target + LATENCY_TOLERANCE:.2f}"
+    return (f"{asked}, faster than asked: {which} of {tried} tries measured between "
+            f"{target - FASTER_TOLERANCE:.2f} and {target + LATENCY_TOLERANCE:.2f}")
 
 
 def _landed(tries: list[dict[str, Any]], kind: str, target: float) -> bool:
@@ -201,9 +212,11 @@ def _landed(tries: list[dict[str, Any]], kind: str, target: float) -> bool:
 
 def _eligible(attempt: dict[str, Any], target: float, scoring: bool) -> bool:
     """Whether a try can be kept: measured within the tolerance of ``target``; when the tries are scored on data,
-    anywhere up to the tolerance over it (a faster copy that scores higher is the better answer to a budget)."""
+    up to :data:`FASTER_TOLERANCE` under it (a copy a little faster that scores higher is the better answer to a
+    budget, and one timing's noise decides whether it lands just inside the tolerance or just outside)."""
     measured = attempt["measured_fraction"]
-    return measured - target <= LATENCY_TOLERANCE and (scoring or target - measured <= LATENCY_TOLERANCE)
+    under = FASTER_TOLERANCE if scoring else LATENCY_TOLERANCE
+    return -under <= measured - target <= LATENCY_TOLERANCE
 
 
 def _finalists(tries: list[dict[str, Any]], target: float, scoring: bool = False) -> list[int]:
