@@ -140,7 +140,8 @@ def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], t
     parameters (a decode step's time follows the weights it reads), with the run's text for the transformer
     engine. ``recalibration`` (a :class:`~optkit.passes.batchnorm.passes.RecalibrateBatchNorm`, or ``None``) is
     applied to each copy. Each returns a :class:`~optkit.passes.deploy.search.Pruned` (an image model's with the
-    engine's own measured latency fraction), or raises ``OptkitError`` for an aim the engine cannot reach."""
+    engine's own measured latency fraction and the copies it compared), or raises ``OptkitError`` for an aim the
+    engine cannot reach."""
     import copy
 
     from optkit.model.stats import count_macs, count_params
@@ -162,10 +163,21 @@ def _pruner(prune: Any, deploy: Any, model: nn.Module, shape: tuple[int, ...], t
         pruned = result.model
         if recalibration is not None:
             recalibration.apply(pruned)
-        return Pruned(pruned, count_macs(pruned, shape) / macs, count_params(pruned) / params,
-                      None if language else result.details.get("measured_fraction"))
+        fractions = count_macs(pruned, shape) / macs, count_params(pruned) / params
+        if language:
+            return Pruned(pruned, *fractions)
+        return Pruned(pruned, *fractions, result.details.get("measured_fraction"), _engine_tries(result.details))
 
     return pruner
+
+
+def _engine_tries(details: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """What the latency-target engine compared (its ``tries``), in brief: proposal, measured latency and MACs
+    fractions, and the score of those it scored."""
+    if "tries" not in details:
+        return None
+    keys = ("proposal", "measured_fraction", "macs_fraction", "score")
+    return [{k: t[k] for k in keys if k in t} for t in details["tries"]]
 
 
 def _batchnorm_recalibration(model: nn.Module, data: str, shape: tuple[int, ...]) -> Any:

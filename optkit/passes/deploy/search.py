@@ -102,6 +102,9 @@ class Try:
         pruner_fraction: the pruner's own measure of the copy's latency as a fraction of the unpruned model's
             (the latency-target engine's, in ONNX Runtime FP32), where it gives one: set beside ``ms``, it shows
             whether a try landed off its aim in the pruner or in the deployment.
+        pruner_tries: the copies the pruner compared before it kept this one, where it says (the latency-target
+            engine's: proposal, measured latency and MACs fractions, and the score of those it scored): they
+            show whether a copy of another size was within reach at this aim.
     """
 
     aim: float
@@ -113,6 +116,7 @@ class Try:
     confirmed_ms: float | None = None
     slowed_ms: float | None = None
     pruner_fraction: float | None = None
+    pruner_tries: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -176,13 +180,15 @@ class Deployer(Protocol):
 
 
 class Pruned(NamedTuple):
-    """A copy pruned to an aim: the model, its MACs and parameter fractions, and the pruner's own measure of its
-    latency fraction (``None`` where the pruner does not time it)."""
+    """A copy pruned to an aim: the model, its MACs and parameter fractions, the pruner's own measure of its
+    latency fraction (``None`` where the pruner does not time it), and the copies it compared (see
+    :attr:`Try.pruner_tries`)."""
 
     model: Any
     macs_fraction: float
     params_fraction: float
     measured_fraction: float | None = None
+    tries: list[dict[str, Any]] | None = None
 
 
 #: A pruner takes an aim (a latency fraction) and returns the pruned copy.
@@ -338,9 +344,11 @@ class _Search:
                                                                          f"{self.cache[aim]}"))
                 shown.step(detail=f"{name} at {aim:.2f} of its latency: pruning failed")
                 continue
-            pruned, macs, params, measured = self.cache[aim]
+            result = self.cache[aim]
+            pruned, macs = result.model, result.macs_fraction
             candidate = self.deployer.build(name, pruned)
-            attempt = Try(aim, macs, params, pruner_fraction=measured)
+            attempt = Try(aim, macs, result.params_fraction, pruner_fraction=result.measured_fraction,
+                          pruner_tries=result.tries)
             self.points[name].tries.append(attempt)
             shown.step(detail=f"{name} at {aim:.2f} of its latency: MACs {macs:.3f}, {candidate.status}")
             if candidate.status != "verified":

@@ -79,12 +79,16 @@ def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the
     halved = StructuredPrune(ratio=0.5, round_to=8, input_shape=SHAPE)(Depthwise().eval())
     engines = []
     monkeypatch.setattr(StructuredPrune, "apply",
-                        lambda self, m: engines.append(self) or PassResult(copy.deepcopy(halved),
-                                                                           {"measured_fraction": 0.47}))
+                        lambda self, m: engines.append(self) or PassResult(copy.deepcopy(halved), {
+                            "measured_fraction": 0.47,
+                            "tries": [{"proposal": "macs", "aim": 0.5, "measured_fraction": 0.47, "macs_fraction": 0.4,
+                                       "removed_importance": 1.5, "score": {"accuracy": 0.6}},
+                                      {"proposal": "blend", "aim": 0.5, "measured_fraction": 0.58,
+                                       "macs_fraction": 0.45, "removed_importance": 1.0}]}))
     recalibration = _batchnorm_recalibration(model, DATA, SHAPE)
     engine = StructuredPrune(target_latency=0.5, input_shape=SHAPE)
-    pruned, macs, params, measured = _pruner(engine, DeploySettings(calib_data=DATA), model, SHAPE, 1, False,
-                                             recalibration)(0.5)
+    pruned, macs, params, measured, tries = _pruner(engine, DeploySettings(calib_data=DATA), model, SHAPE, 1,
+                                                    False, recalibration)(0.5)
 
     images = torch.stack([image for image, _ in load_dataset(DATA, "train", augment=False)])
     assert len(images) % recalibration.batch_size == 0  # every image is in one of the equal batches
@@ -93,6 +97,9 @@ def test_each_pruned_copy_is_shipped_and_scored_with_batchnorm_statistics_of_the
     torch.testing.assert_close(pruned.stem[1].running_mean, expected, rtol=1e-4, atol=1e-5)
     assert pruned.stem[1].num_features == 16 and 0.2 < macs < 0.5 and 0.2 < params < 0.5
     assert measured == 0.47  # the engine's own measure of the copy's latency, kept beside the search's
+    # and what it compared, in brief
+    assert tries == [{"proposal": "macs", "measured_fraction": 0.47, "macs_fraction": 0.4, "score": {"accuracy": 0.6}},
+                     {"proposal": "blend", "measured_fraction": 0.58, "macs_fraction": 0.45}]
     assert torch.equal(model.stem[1].running_mean, torch.zeros(32))  # the caller's model is as it was
     assert _batchnorm_recalibration(nn.Sequential(nn.Conv2d(3, 4, 1)), DATA, SHAPE) is None
     # the engine chooses among the copies that reach the aim by accuracy on the run's data
@@ -149,6 +156,8 @@ def test_a_pipeline_meets_a_budget_measured_again_in_the_chosen_deployment(tmp_p
     assert budget["met_again"], json.dumps(budget, indent=1)
     pruned_tries = [t for p in budget["points"] for t in p["tries"] if t["ms"] is not None and t["aim"] < 1.0]
     assert pruned_tries and all(0.0 < t["pruner_fraction"] < 1.5 for t in pruned_tries)
+    # each lists the engine's copies, the kept one among them
+    assert all(any(e["measured_fraction"] == t["pruner_fraction"] for e in t["pruner_tries"]) for t in pruned_tries)
     assert (tmp_path / "frontier.png").is_file()
 
 

@@ -392,7 +392,8 @@ def test_rounds_that_end_with_the_budget_unspent_get_one_more_round_between_the_
     round interpolates between 0.34 and 0.48, 0.34 + (4.85 - 3.4) / 25 = 0.398, and 0.38 (3.8 ms) is chosen."""
     deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.92)})
     deployer.ms = lambda candidate: 6.9 if candidate.built == 0.48 else 10.0 * candidate.built
-    result = search(["onnxruntime-fp32"], deployer, lambda aim: Pruned(aim, aim, aim, round(aim + 0.01, 4)),
+    result = search(["onnxruntime-fp32"], deployer,
+                    lambda aim: Pruned(aim, aim, aim, round(aim + 0.01, 4), [{"proposal": "macs", "aim": aim}]),
                     budget=0.5, unit="fraction", unpruned_model="full")
     tries = result.chosen.tries
     assert [t.aim for t in tries] == [1.0, 0.48, 0.12, 0.34, 0.38]
@@ -400,6 +401,9 @@ def test_rounds_that_end_with_the_budget_unspent_get_one_more_round_between_the_
     assert tries[-1].confirmed_ms == pytest.approx(3.8)  # confirmed like any round's try
     # the pruner's own measure of each copy is kept beside the deployment's time
     assert [t.pruner_fraction for t in tries] == [None, 0.49, 0.13, 0.35, 0.39]
+    # and the copies it compared at each aim
+    assert [t.pruner_tries for t in tries] == [None] + [[{"proposal": "macs", "aim": a}] for a in (0.48, 0.12, 0.34,
+                                                                                                    0.38)]
 
 
 def test_a_confirmed_try_within_the_slack_of_the_budget_gets_no_more_rounds():
