@@ -28,7 +28,8 @@ measured speed-up and are corrected away, never taken on a prediction.
 
 Of each candidate's tries that meet the budget, the least pruned one (most MACs)
 is timed once more, all of them in one interleaved run (rescaled the same way),
-and keeps its place only if it meets the budget again; else the candidate's next
+and keeps its place only if it meets the budget again (a confirming time over it
+is read once more, at once, the faster counting: two of three times decide); else the candidate's next
 least pruned try that met it is confirmed the same way; a deployment left with
 none, or only with tries more pruned than the aim its slower times point to,
 gets one more round at that aim, and so does one whose confirmed try leaves more
@@ -99,6 +100,7 @@ class Try:
         confirmed_ms: its time in the confirming run, for the tries that run timed again.
         slowed_ms: for a try that missed the budget and was timed faster the second time, its first time (the
             second is ``ms``): a reading taken under a burst of load (see :meth:`_Search.time_missed_again`).
+        slowed_confirmed_ms: the same for its confirming time (the faster reading is ``confirmed_ms``).
         pruner_fraction: the pruner's own measure of the copy's latency as a fraction of the unpruned model's
             (the latency-target engine's, in ONNX Runtime FP32), where it gives one: set beside ``ms``, it shows
             whether a try landed off its aim in the pruner or in the deployment.
@@ -115,6 +117,7 @@ class Try:
     reason: str | None = None
     confirmed_ms: float | None = None
     slowed_ms: float | None = None
+    slowed_confirmed_ms: float | None = None
     pruner_fraction: float | None = None
     pruner_tries: list[dict[str, Any]] | None = None
 
@@ -374,31 +377,38 @@ class _Search:
                 following[name] = aim
         return following
 
-    def time_missed_again(self, timed: Sequence[tuple[Candidate, Try]]) -> None:
-        """Time the tries of ``timed`` that missed the budget once more, in one interleaved run; where the second
-        time is faster, it replaces the first (kept as the try's ``slowed_ms``), and decides whether the try meets.
+    def time_missed_again(self, timed: Sequence[tuple[Candidate, Try]], reading: str = "ms") -> None:
+        """Time the tries of ``timed`` whose ``reading`` missed the budget once more, in one interleaved run; where
+        the second time is faster, it replaces that reading (``ms``, the first kept as the try's ``slowed_ms``; or
+        ``confirmed_ms``, kept as ``slowed_confirmed_ms``), and decides whether the try meets.
 
         One slow reading (a burst of load on a shared machine during part of a run) would otherwise bound the
         search from above for good: every later aim is read from the line through it (efficientnet_b0 on a 2-CPU
         EPYC, 0.5 of its latency: a copy the pruning engine measured at 0.515 read 0.658 in the search's run, and
         the rounds after it ended at 0.23 of the MACs with a third of the budget unspent). A try that meets on its
-        second time is timed a third time before it is kept, as every try that meets is (:meth:`confirm`)."""
+        second time is timed a third time before it is kept, as every try that meets is (:meth:`confirm`). A
+        confirming time that misses is read again the same way, so a try is kept on two times within the budget
+        out of at most three, and one slow reading drops it no more than one slow first reading bends the search.
+        """
         missed = [(candidate, attempt) for candidate, attempt in timed if not attempt.meets]
         if not missed:
             return
+        slowed = "slowed_ms" if reading == "ms" else "slowed_confirmed_ms"
         shown = progress(STAGE, "tries that missed the budget timed again", 1)
         now, measured = self.deployer.time([candidate for candidate, _ in missed])
         for (_, attempt), ms in zip(missed, measured):
             again = ms * self.baseline / now
-            if again < attempt.ms:
-                attempt.slowed_ms, attempt.ms = attempt.ms, again
+            if again < getattr(attempt, reading):
+                setattr(attempt, slowed, getattr(attempt, reading))
+                setattr(attempt, reading, again)
                 attempt.meets = self.meets(again)
-        shown.step(detail=f"{sum(a.slowed_ms is not None for _, a in missed)} of {len(missed)} faster the second "
-                          "time")
+        shown.step(detail=f"{sum(getattr(a, slowed) is not None for _, a in missed)} of {len(missed)} faster the "
+                          "second time")
 
     def confirm(self, ready: Sequence[str]) -> None:
         """Time each searched candidate's least pruned try that met the budget again, all in one interleaved run;
-        a try over the budget this time no longer meets it, and the candidate's next one is confirmed in the
+        a try over the budget this time is timed once more (see :meth:`time_missed_again`), and over it again no
+        longer meets it: the candidate's next one is confirmed in the
         following run, until every candidate's best try is confirmed or it has none left. A try confirmed by an
         earlier call keeps its two times: a third would give a try that met twice one more chance to miss than
         the others had."""
@@ -413,6 +423,7 @@ class _Search:
                 attempt.confirmed_ms = ms * self.baseline / now
                 attempt.meets = self.meets(attempt.confirmed_ms)
             shown.step(detail=f"{sum(a.meets for a in pending)} of {len(pending)} met it again")
+            self.time_missed_again([(self.met[id(attempt)][0], attempt) for attempt in pending], "confirmed_ms")
 
     def after_confirmation(self, ready: Sequence[str]) -> dict[str, float]:
         """The aims of one more round for the deployments the rounds left short, where the next aim (taken from
