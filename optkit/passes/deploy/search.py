@@ -393,7 +393,7 @@ class _Search:
         missed = [(candidate, attempt) for candidate, attempt in timed if not attempt.meets]
         if not missed:
             return
-        slowed = "slowed_ms" if reading == "ms" else "slowed_confirmed_ms"
+        slowed = f"slowed_{reading}"
         shown = progress(STAGE, "tries that missed the budget timed again", 1)
         now, measured = self.deployer.time([candidate for candidate, _ in missed])
         for (_, attempt), ms in zip(missed, measured):

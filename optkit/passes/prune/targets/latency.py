@@ -207,7 +207,7 @@ def _off_target(best: dict[str, Any], eligible: int, tried: int, target: float) 
 
 def _landed(tries: list[dict[str, Any]], kind: str, target: float) -> bool:
     """Whether a try of proposal ``kind`` measured within the tolerance of ``target``."""
-    return any(t["proposal"] == kind and abs(t["measured_fraction"] - target) <= LATENCY_TOLERANCE for t in tries)
+    return any(t["proposal"] == kind and _eligible(t, target, scoring=False) for t in tries)
 
 
 def _eligible(attempt: dict[str, Any], target: float, scoring: bool) -> bool:
