@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from optkit.passes.quantize.optypes import non_float_tensors
 from optkit.passes.quantize.verify import Agreement
 
 #: Op types the search never leaves in FP32: activations the quantizer folds away and data movement,
@@ -46,15 +47,17 @@ def node_scores(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, inpu
     """
     import onnx
 
-    graph = onnx.load(str(fp32_path), load_external_data=False).graph
+    model = onnx.load(str(fp32_path), load_external_data=False)
+    graph = model.graph
     int8_graph = onnx.load(str(int8_path), load_external_data=False).graph
     produced = {o for n in int8_graph.node for o in n.output} | {i.name for i in int8_graph.input}
     constants = {init.name for init in graph.initializer} | {o for n in graph.node if n.op_type == "Constant"
                                                               for o in n.output}
-    nodes = [n for n in graph.node if n.name in set(candidates) and n.output]
+    other_types = non_float_tensors(model)
+    nodes = [n for n in graph.node if n.name in set(candidates) and n.output and n.output[0] not in other_types]
     wanted = {n.name: (_downstream(n.output[0], graph, produced),
                        [_upstream(i, graph, produced) for i in n.input if i and i not in constants]) for n in nodes}
-    tensors = sorted({t for out, ins in wanted.values() for t in [out, *ins]})
+    tensors = sorted({t for out, ins in wanted.values() for t in [out, *ins]} - other_types)
     errors = _tensor_errors(fp32_path, int8_path, tensors, inputs, Path(scratch))
     scores = []
     for name, (out, ins) in wanted.items():

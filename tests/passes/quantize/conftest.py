@@ -24,10 +24,14 @@ class Chain(nn.Module):
     ``sensitive`` holds the indices (1 or 2) of convs made hypersensitive to INT8: the conv before
     them has a dead last channel (zero weights and bias: exactly 0 in FP32 and INT8), and they weigh that channel by
     :data:`OUTLIER`, which changes nothing in FP32 but quantizes their other weights to zero.
+
+    ``halves`` splits each activation's channels in halves and joins them again (as channel-split blocks do): the
+    same function, but the exported graph computes the split sizes with int64 ``Add`` and ``Mul`` nodes.
     """
 
-    def __init__(self, sensitive: tuple[int, ...] = (), *, trained: bool = True):
+    def __init__(self, sensitive: tuple[int, ...] = (), *, trained: bool = True, halves: bool = False):
         super().__init__()
+        self.halves = halves
         widths = [3, 8, 16, 16]
         self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, stride=1 if i == 0 else 2, padding=1)
                                    for i, (a, b) in enumerate(zip(widths, widths[1:])))
@@ -44,6 +48,8 @@ class Chain(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for conv in self.convs:
             x = torch.relu(conv(x))
+            if self.halves:
+                x = torch.cat(x.chunk(2, dim=1), dim=1)
         return self.head(x.mean(dim=(2, 3)))
 
 
@@ -76,10 +82,12 @@ def exported(model: nn.Module, folder: Path, name: str = "fp32.onnx") -> Path:
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """FP32 ONNX files: ``plain`` (no sensitive layer), ``one`` (convs.1 hypersensitive), ``two`` (convs.1 and 2)."""
+    """FP32 ONNX files: ``plain`` (no sensitive layer), ``one`` (convs.1 hypersensitive), ``two`` (convs.1 and 2),
+    ``one_halves`` (``one`` splitting its channels in halves, see :class:`Chain`)."""
     folder = tmp_path_factory.mktemp("fp32")
-    return {name: exported(Chain(sensitive), folder, f"{name}.onnx")
-            for name, sensitive in (("plain", ()), ("one", (1,)), ("two", (1, 2)))}
+    return {name: exported(Chain(sensitive, halves=halves), folder, f"{name}.onnx")
+            for name, sensitive, halves in (("plain", (), False), ("one", (1,), False), ("two", (1, 2), False),
+                                            ("one_halves", (1,), True))}
 
 
 @pytest.fixture

@@ -37,6 +37,21 @@ def test_search_takes_the_worst_first_when_two_layers_are_sensitive(models, out)
     assert _fp32_convs(out) == {"/convs.1/Conv", "/convs.2/Conv"}
 
 
+def test_shape_arithmetic_is_neither_timed_nor_scored_and_the_search_still_finds_the_sensitive_conv(models, out):
+    import onnx
+
+    from optkit.passes.quantize.optypes import op_groups
+
+    graph = onnx.load(str(models["one_halves"])).graph
+    shape_nodes = {n.name for n in graph.node if n.op_type in ("Add", "Mul")}
+    assert shape_nodes, "the channel split exported no shape arithmetic: the test checks nothing"
+    grouped = {name for names in op_groups(models["one_halves"], ("Conv", "Add", "Mul")).values() for name in names}
+    assert not grouped & shape_nodes and {"/convs.0/Conv", "/convs.1/Conv", "/convs.2/Conv"} <= grouped
+    result = quantize_onnx(models["one_halves"], out, Int8Settings(**SETTINGS), input_shape=SHAPE)
+    assert result.excluded_nodes == ["/convs.1/Conv"]
+    assert _fp32_convs(out) == {"/convs.1/Conv"}
+
+
 def test_without_auto_exclude_the_sensitive_model_is_refused(models, out):
     with pytest.raises(ExportError, match="top-1 agreement"):
         quantize_onnx(models["one"], out, Int8Settings(**SETTINGS, auto_exclude=False), input_shape=SHAPE)
