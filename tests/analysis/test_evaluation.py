@@ -90,6 +90,13 @@ def test_score_agreement_and_kl_match_their_definitions():
     assert math.isclose(score(logits, eval_set)["accuracy"], 0.75) and score(logits, eval_set)["agreement"] is None
 
 
+def test_a_class_the_original_ties_first_agrees():
+    reference = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.999, 0.0]])
+    logits = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    eval_set = EvalSet("x", torch.zeros(3, 1), torch.tensor([0, 1, 2]), 3)
+    assert score(logits, eval_set, reference)["agreement"] == pytest.approx(1 / 3)
+
+
 def test_mean_kl_is_from_the_original_to_this_model_on_an_asymmetric_case():
     """Guards the KL direction: KL(original || this), which differs from KL(this || original) here."""
     # Row 0: original (0.5, 0.5), this (0.9, 0.1). Row 1: original (0.05, 0.95), this (0.5, 0.5).

@@ -66,12 +66,16 @@ def outputs(path: str | os.PathLike, batches: Batches, *, threads: int = 1) -> n
 def agreement(fp32: np.ndarray, int8: np.ndarray, labels: np.ndarray | None = None) -> Agreement:
     """Compare FP32 and INT8 outputs (``samples × classes``).
 
-    Accuracy is given only when every label indexes an output column.
+    An output agrees when its top-1 class is one the FP32 output ranks first: where FP32 ties several classes
+    exactly (a model whose features are all zero for an image gives its bias alone), any of them agrees, since
+    which one ``argmax`` returns says nothing about the model. Accuracy is given only when every label indexes an
+    output column.
     """
     top_fp32, top_int8 = fp32.argmax(axis=1), int8.argmax(axis=1)
+    agrees = fp32[np.arange(len(fp32)), top_int8] >= fp32.max(axis=1)
     norm = float(np.linalg.norm(fp32))
     diff = float(np.linalg.norm(int8.astype(np.float64) - fp32))
-    result = Agreement(len(fp32), float(np.mean(top_fp32 == top_int8)), diff / norm if norm > 0 else diff)
+    result = Agreement(len(fp32), float(np.mean(agrees)), diff / norm if norm > 0 else diff)
     if labels is not None and len(labels) == len(fp32) and labels.size and labels.max() < fp32.shape[1]:
         result.accuracy_fp32 = float(np.mean(top_fp32 == labels))
         result.accuracy_int8 = float(np.mean(top_int8 == labels))

@@ -25,6 +25,13 @@ def test_agreement_measures():
     assert len(misses(result, 0.8, 0.3)) == 1 and len(misses(result, 0.7, 0.2)) == 1
 
 
+def test_a_class_the_fp32_model_ties_first_agrees_and_a_near_tie_does_not():
+    fp32 = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.5, 0.4999, 0.0], [0.0, 0.0, 0.0]])
+    int8 = np.array([[0.5, 0.51, 0.0], [0.0, 0.0, 0.1], [0.49, 0.5, 0.0], [0.0, 0.0, 1e-6]])
+    # rows: tied first and the other tied class picked (agrees); tied but a third class (no); near tie (no); all tied
+    assert agreement(fp32, int8).agreement == 0.5
+
+
 def test_labels_that_do_not_index_the_outputs_give_no_accuracy():
     result = agreement(np.eye(2), np.eye(2), labels=np.array([0, 5]))
     assert result.accuracy_fp32 is None and result.accuracy_drop is None
