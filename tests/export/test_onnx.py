@@ -505,7 +505,7 @@ def test_optimize_export_onnx_writes_model_onnx_beside_model_pt(tmp_path):
 
 def test_optimize_unstructured_export_reports_compressed_sizes(tmp_path):
     out = tmp_path / "run"
-    result = _invoke("optimize", "torchvision:resnet18", "--num-classes", 10, "--input-shape", "1,3,64,64",
+    result = _invoke("optimize", "torchvision:squeezenet1_1", "--num-classes", 10, "--input-shape", "1,3,64,64",
                      "--prune", 0.5, "--method", "unstructured", "--export", "onnx", "--no-latency", "--out", out)
     assert result.exit_code == 0, result.output
     exported = json.loads((out / "report.json").read_text())["export"]
