@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from optkit.core.errors import DataError, ExportError
+from optkit.core.errors import ExportError, OptkitError
 from optkit.export import openvino as ir
 from optkit.passes.deploy import tokens as token_deploy
 from optkit.passes.deploy.candidate import Candidate
@@ -199,8 +199,8 @@ def _language_model(model: Any) -> bool:
 
 
 def build_token_candidate(name: str, builder: token_deploy.TokenCandidates) -> Candidate:
-    """One candidate of a language model, built and checked by ``builder``; a failed check or a missing runtime
-    becomes its reason."""
+    """One candidate of a language model, built and checked by ``builder``; a failed check, a missing runtime or one
+    that cannot take the model becomes its reason."""
     runtime, precision = name.split("-")
     candidate = Candidate(name, runtime, precision)
     if name not in TOKEN_CANDIDATES:
@@ -212,7 +212,7 @@ def build_token_candidate(name: str, builder: token_deploy.TokenCandidates) -> C
         return candidate
     try:
         builder.build(candidate)
-    except (ExportError, DataError) as e:
+    except OptkitError as e:
         candidate.status, candidate.reason, candidate.built, candidate.decode_built = "refused", str(e), None, None
     return candidate
 
@@ -220,7 +220,7 @@ def build_token_candidate(name: str, builder: token_deploy.TokenCandidates) -> C
 def build_candidate(name: str, source: Path, scratch: Path, settings: DeploySettings, shape: tuple[int, ...],
                     threads: int) -> Candidate:
     """Candidate ``name`` of the FP32 file ``source`` (not a language model's), built in ``scratch`` and checked on
-    the task; a failed check or a missing runtime becomes its status and reason."""
+    the task; a failed check, a missing runtime or one that cannot take the model becomes its status and reason."""
     from optkit.passes.quantize import quantize_onnx
 
     runtime, precision = name.split("-")
@@ -247,7 +247,7 @@ def build_candidate(name: str, source: Path, scratch: Path, settings: DeploySett
             result = openvino_ir(source, candidate.built, precision, settings, input_shape=shape)
             candidate.check = _check_words(result.agreement, result.accuracy_fp32, result.accuracy,
                                            result.file_size, result.checked_on)
-    except (ExportError, DataError) as e:
+    except OptkitError as e:  # one candidate's failure is its refusal; the others are still built and timed
         candidate.status, candidate.reason, candidate.built = "refused", str(e), None
     return candidate
 

@@ -127,6 +127,26 @@ def test_without_openvino_the_onnx_runtime_candidates_run_and_a_note_says_what_i
     assert result.notes[-1] == ov.MISSING_NOTE
 
 
+def test_a_candidate_whose_runtime_cannot_take_the_model_is_refused_and_the_others_still_run(onnx_copy, set_times,
+                                                                                           monkeypatch):
+    from optkit.core.errors import OptkitError
+    from optkit.passes import quantize
+
+    def cannot_load(*args, **kwargs):
+        raise OptkitError("probe.onnx: ONNX Runtime cannot load it (Type Error: tensor(float) against tensor(int64))")
+
+    monkeypatch.setattr(quantize, "quantize_onnx", cannot_load)
+    set_times({BASELINE: 10.0, ("onnxruntime", "fp32"): 10.0, ("openvino", "fp32"): 8.0})
+    result = choose_deployment(onnx_copy, DeploySettings(random_calibration=True, min_agreement=0.0),
+                               input_shape=SHAPE)
+    (int8,) = [c for c in result.candidates if c["name"] == "onnxruntime-int8"]
+    assert int8["status"] == "refused" and int8["reason"].startswith("probe.onnx: ONNX Runtime cannot load it")
+    statuses = {c["name"]: c["status"] for c in result.candidates}
+    chosen = f"{result.runtime}-{result.precision}"
+    assert list(statuses.values()).count("chosen") == 1 and statuses[chosen] == "chosen"
+    assert statuses["onnxruntime-int8"] == "refused"
+
+
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ExportError, match="missing.onnx not found; export the model first"):
         choose_deployment(tmp_path / "missing.onnx", DeploySettings(), input_shape=SHAPE)
