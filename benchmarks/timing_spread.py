@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
             export_onnx(result.model, paths[-1], SHAPE, dynamic_batch=False)
             macs.append(result.details["achieved_fraction"])
         runs = []
-        for run in range(args.runs):
+        for _ in range(args.runs):
             before, *after = interleaved_latency(paths, SHAPE, threads=THREADS, repeats=REPEATS)
             runs.append({"original_ms": round(before.median_ms, 4),
                          "fractions": [round(a.median_ms / before.median_ms, 4) for a in after]})
