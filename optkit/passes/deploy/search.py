@@ -13,12 +13,15 @@ most :data:`CORRECTIONS` more rounds: down when the try missed the budget, up
 is interpolated between the tries closest to the budget on either side (the
 unpruned model is the try at aim 1.0), else extrapolated from the closest try along
 the line to the try farthest from it. Every
-round's tries are timed in one interleaved run with the unpruned FP32 file (those
-that missed the budget once more, in a second run, the faster time counting: one
-reading slowed by a burst of load would bound every later aim), and each time is
-rescaled by that file's time in the run against its time alone in
-a fresh process (timed once, at the start), so load that comes and goes between
-runs does not move a candidate's figures, and neither does the state of the
+round's tries are timed in one interleaved run with the unpruned FP32 file and
+each deployment's unpruned build (those that missed the budget once more, in a
+second run, the faster time counting: one reading slowed by a burst of load
+would bound every later aim). Each time is rescaled by its deployment's unpruned
+build in the same run, whose own time is the median of its readings in every run
+so far, each rescaled by the FP32 file's time in that run against its time alone
+in a fresh process (timed once, at the start; see :meth:`_Search.timed`). So load
+that comes and goes between runs does not move a candidate's figures, nor does
+how fast one runtime runs against another in one run, nor the state of the
 process that searches (see :mod:`optkit.analysis.fresh`: a file runs slower in
 it than where it is deployed, which matters for a budget in milliseconds or
 tokens/s). Because the
@@ -53,6 +56,7 @@ score) and a pruner; tests give their own.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -92,8 +96,7 @@ class Try:
     Attributes:
         aim: the latency fraction the pruner was asked for (1.0: the unpruned model).
         macs_fraction, params_fraction: the pruned model's MACs and parameters over the unpruned model's.
-        ms: its measured latency (rescaled to the first timing run, see the module docstring), or ``None`` when
-            it failed its check.
+        ms: its measured latency (rescaled, see :meth:`_Search.timed`), or ``None`` when it failed its check.
         meets: whether ``ms`` (and ``confirmed_ms``, once timed) is within the budget (and
             :data:`MEET_TOLERANCE`).
         reason: why it was not timed (the pruner could not reach the aim, or the candidate failed its check).
@@ -140,6 +143,8 @@ class Point:
         score: what it scored on the data (``{"accuracy": ..., "samples": ...}``: the images of the score that
             decided), for the points that met the budget.
         reason: why it was not chosen.
+        unpruned_readings: its unpruned build's time in each timing run it was in, rescaled by the FP32 file (see
+            :meth:`_Search.timed`: their median scales its tries).
     """
 
     name: str
@@ -154,6 +159,7 @@ class Point:
     efficiency: float | None = None
     score: dict[str, float] | None = None
     reason: str | None = None
+    unpruned_readings: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -249,11 +255,9 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
     """
     run = _Search(deployer, prune, unpruned_model)
     ready = run.build_unpruned(names)
-    in_run, times = deployer.time([run.built[name] for name in ready])
-    baseline = deployer.baseline_alone()
-    run.baseline = baseline
+    baseline = run.baseline = deployer.baseline_alone()
     run.budget_ms = budget * baseline if unit == "fraction" else budget
-    aims = run.first_aims({name: ms * baseline / in_run for name, ms in zip(ready, times)})
+    aims = run.first_aims(dict(zip(ready, run.timed([run.built[name] for name in ready]))))
     for round_ in range(1 + CORRECTIONS):
         if not aims:
             break
@@ -288,6 +292,31 @@ class _Search:
 
     def meets(self, ms: float) -> bool:
         return ms <= self.budget_ms * (1 + MEET_TOLERANCE)
+
+    def timed(self, candidates: Sequence[Candidate]) -> list[float]:
+        """Each candidate's time in one interleaved run with its deployment's unpruned build, rescaled by that
+        build: ``ms`` x the unpruned build's median time over every run so far / its time in this run.
+
+        An unpruned build's time in a run is itself rescaled by the unpruned ONNX Runtime FP32 file's (the
+        baseline: its time in the run against its time alone in a fresh process) before it joins the median, so
+        for ONNX Runtime FP32 this is that rescaling. For other runtimes it also takes out how fast the runtime
+        ran against ONNX Runtime in that run, which drifts: on a 2-CPU EPYC, OpenVINO bf16's unpruned
+        efficientnet_b0 read 0.62–0.83 of ONNX Runtime FP32's time over 24 runs of 30–90 calls in fresh processes
+        and in one that had fine-tuned, and a copy at half the MACs 0.36–0.53 (standard deviation 0.041); this
+        estimate of the copy spread half as much (0.022). Timed back to back in one quiet process, the two agree
+        (``benchmarks/results/runtime-drift.md``: 0.029 and 0.030).
+        """
+        names = list(dict.fromkeys(c.name for c in candidates))
+        references = [self.built[name] for name in names]
+        run = [*candidates, *(r for r in references if not any(r is c for c in candidates))]
+        now, measured = self.deployer.time(run)
+        in_run = {id(c): ms for c, ms in zip(run, measured)}
+        scale = {}
+        for name, reference in zip(names, references):
+            readings = self.points[name].unpruned_readings
+            readings.append(in_run[id(reference)] * self.baseline / now)
+            scale[name] = statistics.median(readings) / in_run[id(reference)]
+        return [in_run[id(c)] * scale[c.name] for c in candidates]
 
     def build_unpruned(self, names: Sequence[str]) -> list[str]:
         """Build and check every candidate on the unpruned model; the names of those that passed.
@@ -362,9 +391,8 @@ class _Search:
             trying.append((name, candidate, attempt, pruned))
         if not trying:
             return following
-        now, measured = self.deployer.time([candidate for _, candidate, _, _ in trying])
-        for (_, _, attempt, _), ms in zip(trying, measured):
-            attempt.ms = ms * self.baseline / now
+        for (_, _, attempt, _), ms in zip(trying, self.timed([candidate for _, candidate, _, _ in trying])):
+            attempt.ms = ms
             attempt.meets = self.meets(attempt.ms)
         self.time_missed_again([(candidate, attempt) for _, candidate, attempt, _ in trying])
         for name, candidate, attempt, pruned in trying:
@@ -395,9 +423,7 @@ class _Search:
             return
         slowed = f"slowed_{reading}"
         shown = progress(STAGE, "tries that missed the budget timed again", 1)
-        now, measured = self.deployer.time([candidate for candidate, _ in missed])
-        for (_, attempt), ms in zip(missed, measured):
-            again = ms * self.baseline / now
+        for (_, attempt), again in zip(missed, self.timed([candidate for candidate, _ in missed])):
             if again < getattr(attempt, reading):
                 setattr(attempt, slowed, getattr(attempt, reading))
                 setattr(attempt, reading, again)
@@ -418,9 +444,8 @@ class _Search:
             if not pending:
                 return
             shown = progress(STAGE, "least pruned tries that met the budget timed again", 1)
-            now, measured = self.deployer.time([self.met[id(attempt)][0] for attempt in pending])
-            for attempt, ms in zip(pending, measured):
-                attempt.confirmed_ms = ms * self.baseline / now
+            for attempt, ms in zip(pending, self.timed([self.met[id(attempt)][0] for attempt in pending])):
+                attempt.confirmed_ms = ms
                 attempt.meets = self.meets(attempt.confirmed_ms)
             shown.step(detail=f"{sum(a.meets for a in pending)} of {len(pending)} met it again")
             self.time_missed_again([(self.met[id(attempt)][0], attempt) for attempt in pending], "confirmed_ms")

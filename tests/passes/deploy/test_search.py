@@ -285,8 +285,10 @@ def test_a_try_that_met_the_budget_by_luck_is_timed_again_and_its_next_try_chose
     assert not tries[0.52].meets and tries[0.48].meets
     assert result.chosen.macs_fraction == 0.48 and result.model == 0.48
     assert result.chosen.ms == pytest.approx(4.8)  # the slower of its two times
-    # 0.52's confirming time missed and was read once more (no faster) before 0.48 was confirmed
-    assert deployer.timed[-3:] == [[("openvino-fp32", 0.52)]] * 2 + [[("openvino-fp32", 0.48)]]
+    # 0.52's confirming time missed and was read once more (no faster) before 0.48 was confirmed, each run with the
+    # unpruned build of the deployment
+    assert deployer.timed[-3:] == ([[("openvino-fp32", 0.52), ("openvino-fp32", 1.0)]] * 2
+                                   + [[("openvino-fp32", 0.48), ("openvino-fp32", 1.0)]])
     assert tries[0.52].slowed_confirmed_ms is None
 
 
@@ -308,7 +310,8 @@ def test_a_try_whose_confirming_time_alone_misses_is_read_again_and_kept():
     assert kept.aim == 0.48 and kept.meets and result.model == 0.48
     assert kept.slowed_confirmed_ms == pytest.approx(5.5) and kept.confirmed_ms == pytest.approx(4.8)
     assert result.chosen.ms == pytest.approx(4.8)
-    assert deployer.timed[1:] == [[("onnxruntime-fp32", 0.48)]] * 3  # its round, the confirming run, the reading after
+    # its round, the confirming run, the reading after, each with the unpruned build
+    assert deployer.timed[1:] == [[("onnxruntime-fp32", 0.48), ("onnxruntime-fp32", 1.0)]] * 3
 
 
 def test_times_are_scaled_to_the_unpruned_file_timed_alone_in_a_fresh_process():
@@ -326,6 +329,32 @@ def test_times_are_scaled_to_the_unpruned_file_timed_alone_in_a_fresh_process():
     w4 = next(p for p in result.points if p.name == "onnxruntime-w4")
     assert result.baseline_ms == pytest.approx(BASELINE_MS)
     assert w4.tries[0].ms == pytest.approx(4.5) and w4.macs_fraction == 1.0 and w4.status in ("met", "chosen")
+
+
+def test_a_runtime_running_fast_against_the_baseline_in_one_run_does_not_make_a_try_meet():
+    """OpenVINO runs 12 % faster against ONNX Runtime FP32 in the run that confirms the try at aim 0.52 (its time
+    5.2 ms, 5 ms asked; read 4.68 in its lucky round): the unpruned OpenVINO build in that run reads 12 % fast too,
+    so the try is read at its 5.2 ms again and dropped for the one at 0.48. Scaled by the baseline alone, it would
+    have read 4.58 ms, met the budget twice and been shipped at 5.2."""
+    deployer = FakeDeployer({"openvino-fp32": Runtime(10.0, 0.92)})
+    _lucky_once(deployer)
+    lucky, seen = deployer.time, []
+
+    def openvino_fast_when_confirming(candidates):
+        baseline, times = lucky(candidates)
+        seen.extend(c.built for c in candidates)
+        factor = 0.88 if seen.count(0.52) == 2 and 0.52 in [c.built for c in candidates] else 1.0
+        return baseline, [ms * (factor if c.runtime == "openvino" else 1.0) for c, ms in zip(candidates, times)]
+
+    deployer.time = openvino_fast_when_confirming
+    result = search(["openvino-fp32"], deployer, prune, budget=5.0, unit="ms", unpruned_model="full")
+    tries = {t.aim: t for t in result.chosen.tries}
+    assert tries[0.52].confirmed_ms == pytest.approx(5.2) and not tries[0.52].meets
+    assert result.model == 0.48 and result.chosen.ms == pytest.approx(4.8)
+    # one reading of the unpruned build per run, the fast one among them
+    assert len(result.chosen.unpruned_readings) == len(deployer.timed)
+    assert sorted(result.chosen.unpruned_readings)[0] == pytest.approx(8.8)
+    assert sorted(result.chosen.unpruned_readings)[1:] == pytest.approx([10.0] * (len(deployer.timed) - 1))
 
 
 def test_a_more_pruned_try_timed_slower_by_noise_does_not_end_the_search():
@@ -453,19 +482,20 @@ def test_a_try_that_missed_is_timed_again_and_a_slow_first_reading_does_not_bend
     assert kept.aim == 0.48 and kept.slowed_ms == pytest.approx(6.9) and kept.ms == pytest.approx(4.8)
     assert kept.meets and kept.confirmed_ms == pytest.approx(4.8) and result.model == 0.48
     assert unpruned.slowed_ms is None
-    # its round's run, the run that timed it again, and the confirming run
-    assert deployer.timed[1:] == [[("onnxruntime-fp32", 0.48)]] * 3
+    # its round's run, the run that timed it again, and the confirming run, each with the unpruned build
+    assert deployer.timed[1:] == [[("onnxruntime-fp32", 0.48), ("onnxruntime-fp32", 1.0)]] * 3
 
 
 def test_a_try_that_misses_again_keeps_its_faster_time():
     """Half the aim's saving shows (7 ms asked): the first try misses at both timings and keeps the faster of them,
-    which the next aim is read from."""
+    which the next aim is read from. (Each pruned model's first reading is slow; the unpruned build reads alike in
+    every run.)"""
     deployer = FakeDeployer({"openvino-fp32": Runtime(10.0, 0.92, pays=0.5)})
     first: dict[float, float] = {}
 
     def slower_first(candidates):
         baseline, times = FakeDeployer.time(deployer, candidates)
-        read = [ms * (1.05 if c.built not in first else 1.0) for c, ms in zip(candidates, times)]
+        read = [ms * (1.05 if c.built not in first and c.built != 1.0 else 1.0) for c, ms in zip(candidates, times)]
         for c, ms in zip(candidates, read):
             first.setdefault(c.built, ms)
         return baseline, read
@@ -500,7 +530,7 @@ def test_a_try_confirmed_once_is_not_timed_a_third_time_when_another_deployment_
     assert timings == [1.0, 1.0]  # with the other unpruned candidates, then in the first confirming run
     bf16 = next(p for p in result.points if p.name == "openvino-bf16")
     assert sorted(t.aim for t in bf16.tries) == [0.42, 0.48, 1.0] and bf16.status in ("met", "chosen")
-    assert deployer.timed[-1] == [("openvino-bf16", 0.42)]
+    assert deployer.timed[-1] == [("openvino-bf16", 0.42), ("openvino-bf16", 1.0)]
 
 
 def test_a_refusal_of_a_budget_under_a_tenth_of_a_millisecond_shows_two_significant_digits():
