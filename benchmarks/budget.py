@@ -192,7 +192,8 @@ def run_row(name: str, fraction: float, args, scratch: Path) -> dict:
             "budget_ms": round(budget_ms, 4), "ways": ways, "verdict": verdict(ways)}
 
 
-def timed_again(unpruned: Path, deployments: list[dict], shape: tuple[int, ...], args) -> tuple[float, list[list[float]]]:
+def timed_again(unpruned: Path, deployments: list[dict], shape: tuple[int, ...],
+                args) -> tuple[float, list[list[float]]]:
     """The unpruned ONNX Runtime FP32 file's median time over ``--recheck-runs`` interleaved runs with the
     deployments (``--repeats`` x 3 calls each), and each deployment's time over that file's, one per run.
 
@@ -460,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="where the 224-px models are trained once")
     parser.add_argument("--out", default=str(RESULTS / "budget"), help="output path without extension")
     args = parser.parse_args(argv)
+    if args.recheck_runs < 1:
+        parser.error("--recheck-runs must be at least 1")
     partial = partial_options(parser, args, ["models", "budgets", "repeats", "recheck_runs", "test_samples",
                                              "train_steps", "finetune_steps", "candidates", "no_language",
                                              "lm_targets"])

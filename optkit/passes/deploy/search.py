@@ -19,7 +19,8 @@ second run, the faster time counting: one reading slowed by a burst of load
 would bound every later aim). Each time is rescaled by its deployment's unpruned
 build in the same run, whose own time is the median of its readings in every run
 so far, each rescaled by the FP32 file's time in that run against its time alone
-in a fresh process (timed once, at the start; see :meth:`_Search.timed`). So load
+in a fresh process (the median of :data:`BASELINE_READINGS` readings, at the start;
+see :meth:`_Search.timed`). So load
 that comes and goes between runs does not move a candidate's figures, nor does
 how fast one runtime runs against another in one run, nor the state of the
 process that searches (see :mod:`optkit.analysis.fresh`: a file runs slower in
@@ -83,6 +84,10 @@ AIM_STEP = 0.02
 #: An FP32 deployment this much slower unpruned than another runtime's FP32 is not searched (see
 #: :func:`_same_math_faster`).
 DOMINATED = 0.10
+#: Fresh-process readings of the unpruned FP32 file at the start; their median scales every time. One reading
+#: of 20 calls moved 0.135–0.231 ms (the shipped Fashion-MNIST model) and 6.6–10.7 ms (efficientnet_b0) within
+#: minutes on a 2-CPU VM, and for a budget in milliseconds it scales every try.
+BASELINE_READINGS = 3
 #: The progress lines' stage.
 STAGE = "latency budget"
 #: Validation images each candidate on the frontier is scored on.
@@ -213,8 +218,8 @@ class SearchResult:
         model: its pruned model (the unpruned one when it needed no pruning).
         points: every candidate, in the order tried.
         budget_ms: the budget in ms per call.
-        baseline_ms: the unpruned ONNX Runtime FP32 file's time alone in a fresh process (every time is rescaled
-            to it).
+        baseline_ms: the unpruned ONNX Runtime FP32 file's time alone in a fresh process, the median of
+            :data:`BASELINE_READINGS` readings (every time is rescaled to it).
         metric: the score that decided.
     """
 
@@ -255,7 +260,7 @@ def search(names: Sequence[str], deployer: Deployer, prune: Pruner, *, budget: f
     """
     run = _Search(deployer, prune, unpruned_model)
     ready = run.build_unpruned(names)
-    baseline = run.baseline = deployer.baseline_alone()
+    baseline = run.baseline = statistics.median(deployer.baseline_alone() for _ in range(BASELINE_READINGS))
     run.budget_ms = budget * baseline if unit == "fraction" else budget
     aims = run.first_aims(dict(zip(ready, run.timed([run.built[name] for name in ready]))))
     for round_ in range(1 + CORRECTIONS):

@@ -15,8 +15,8 @@ import pytest
 
 from optkit.core.errors import OptkitError
 from optkit.passes.deploy.candidate import Candidate
-from optkit.passes.deploy.search import (AIM_MARGIN, CORRECTIONS, MEET_TOLERANCE, MIN_AIM, SCORE_SAMPLES, SLACK, Pruned,
-                                         search, within_noise_of)
+from optkit.passes.deploy.search import (AIM_MARGIN, BASELINE_READINGS, CORRECTIONS, MEET_TOLERANCE, MIN_AIM,
+                                         SCORE_SAMPLES, SLACK, Pruned, search, within_noise_of)
 
 BASELINE_MS = 10.0
 
@@ -329,6 +329,21 @@ def test_times_are_scaled_to_the_unpruned_file_timed_alone_in_a_fresh_process():
     w4 = next(p for p in result.points if p.name == "onnxruntime-w4")
     assert result.baseline_ms == pytest.approx(BASELINE_MS)
     assert w4.tries[0].ms == pytest.approx(4.5) and w4.macs_fraction == 1.0 and w4.status in ("met", "chosen")
+
+
+def test_one_slow_fresh_reading_of_the_baseline_does_not_scale_the_search():
+    """The unpruned FP32 file read alone in a fresh process at 25, 10 and 10 ms: the median, 10 ms, scales every
+    time, so a 5 ms budget is met at the same try as with steady readings (with 25 ms every time would read 2.5x
+    slower and the try kept would be pruned far more)."""
+    calm = search(["onnxruntime-fp32"], FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9)}), prune, budget=5.0,
+                  unit="ms")
+    deployer = FakeDeployer({"onnxruntime-fp32": Runtime(10.0, 0.9)})
+    readings = iter([25.0, 10.0, 10.0])
+    deployer.baseline_alone = lambda: next(readings)
+    result = search(["onnxruntime-fp32"], deployer, prune, budget=5.0, unit="ms")
+    assert BASELINE_READINGS == 3 and next(readings, None) is None  # all three read
+    assert result.baseline_ms == pytest.approx(10.0)
+    assert result.chosen.macs_fraction == calm.chosen.macs_fraction and result.chosen.ms == pytest.approx(calm.chosen.ms)
 
 
 def test_a_runtime_running_fast_against_the_baseline_in_one_run_does_not_make_a_try_meet():
