@@ -197,8 +197,9 @@ def timed_again(unpruned: Path, deployments: list[dict], shape: tuple[int, ...],
     """The unpruned ONNX Runtime FP32 file's median time over ``--recheck-runs`` interleaved runs with the
     deployments (``--repeats`` x 3 calls each), and each deployment's time over that file's, one per run.
 
-    One run of 60 calls reads a deployment in another runtime against ONNX Runtime FP32 within about +-10 % on a
-    2-CPU VM (``results/runtime-drift.md``): the median of a few is what the deployment runs at."""
+    One run reads a deployment in another runtime against ONNX Runtime FP32 within about +-10 % on a 2-CPU VM
+    (``results/runtime-drift.md``, 30 calls a run: 0.415-0.517 of it around 0.475; the efficientnet_b0 0.5 row's
+    three rechecks of 60 calls, 0.402-0.465): the median of a few is what the deployment runs at."""
     files = [Deployment(unpruned), *(Deployment(w["path"], *w["deployment"].split("-")) for w in deployments)]
     baselines, fractions = [], [[] for _ in deployments]
     for _ in range(args.recheck_runs):
